@@ -1,0 +1,67 @@
+//! `cohort`: the desktop app and headless node. For now a CLI whose `demo`
+//! runs the whole job-board lifecycle on an embedded chain.
+
+mod demo;
+
+use anyhow::{Result, bail};
+
+const USAGE: &str = "\
+Cohort: join decentralized AI training with one click.
+
+Usage:
+  cohort demo [--nodes N] [--epochs N]   run a job end to end on an embedded local chain
+  cohort --version                       print the version
+  cohort --help                          print this help
+";
+
+fn main() {
+    // The embedded bank logs every instruction at debug level unless told otherwise.
+    if std::env::var_os("RUST_LOG").is_none() {
+        // SAFETY: no other thread exists yet, so nothing can read the environment concurrently.
+        unsafe { std::env::set_var("RUST_LOG", "error") };
+    }
+    if let Err(e) = run(std::env::args().skip(1).collect()) {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(args: Vec<String>) -> Result<()> {
+    match args.first().map(String::as_str) {
+        None | Some("--help") | Some("-h") | Some("help") => {
+            print!("{USAGE}");
+            Ok(())
+        }
+        Some("--version") | Some("-V") => {
+            println!("cohort {}", env!("CARGO_PKG_VERSION"));
+            Ok(())
+        }
+        Some("demo") => {
+            let opts = demo::Options::parse(&args[1..])?;
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            rt.block_on(demo::run(opts)).map(|_| ())
+        }
+        Some(other) => bail!("unknown command `{other}`; run `cohort --help`"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tauri_config_version_matches_the_workspace() {
+        let conf = include_str!("../../tauri.conf.json");
+        let want = format!("\"version\": \"{}\"", env!("CARGO_PKG_VERSION"));
+        assert!(conf.contains(&want), "tauri.conf.json must say {want}");
+    }
+
+    #[test]
+    fn unknown_commands_are_clear_errors() {
+        let e = run(vec!["frobnicate".into()]).unwrap_err().to_string();
+        assert!(e.contains("unknown command `frobnicate`"), "{e}");
+        assert!(run(vec!["--version".into()]).is_ok());
+    }
+}

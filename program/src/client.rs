@@ -1,0 +1,239 @@
+//! Off-chain helpers: instruction builders with the exact account lists the
+//! processor expects, and account decoders. The app and the engine use these;
+//! nothing else should assemble Cohort instructions by hand.
+
+use crate::instruction::{CohortInstruction, NodeTerms};
+use crate::merkle::Hash32;
+use crate::pda;
+pub use crate::state::{AccountState, Epoch, Job, JobSpec, Member, Node};
+use solana_program::instruction::{AccountMeta, Instruction};
+use solana_program::pubkey::Pubkey;
+use solana_program::sysvar;
+use solana_system_interface::program as system_program;
+
+fn ix(accounts: Vec<AccountMeta>, data: CohortInstruction) -> Instruction {
+    Instruction {
+        program_id: crate::ID,
+        accounts,
+        data: data.pack(),
+    }
+}
+
+fn w(k: Pubkey) -> AccountMeta {
+    AccountMeta::new(k, false)
+}
+fn ws(k: Pubkey) -> AccountMeta {
+    AccountMeta::new(k, true)
+}
+fn r(k: Pubkey) -> AccountMeta {
+    AccountMeta::new_readonly(k, false)
+}
+fn rs(k: Pubkey) -> AccountMeta {
+    AccountMeta::new_readonly(k, true)
+}
+
+pub fn node_address(owner: &Pubkey) -> Pubkey {
+    pda::node(&crate::ID, owner).0
+}
+pub fn job_address(requester: &Pubkey, job_id: u64) -> Pubkey {
+    pda::job(&crate::ID, requester, job_id).0
+}
+pub fn member_address(job: &Pubkey, node_owner: &Pubkey) -> Pubkey {
+    pda::member(&crate::ID, job, node_owner).0
+}
+pub fn epoch_address(job: &Pubkey, index: u32) -> Pubkey {
+    pda::epoch(&crate::ID, job, index).0
+}
+
+pub fn register_node(owner: &Pubkey, terms: NodeTerms, stake: u64) -> Instruction {
+    ix(
+        vec![
+            ws(*owner),
+            w(node_address(owner)),
+            r(system_program::ID),
+            r(sysvar::rent::ID),
+        ],
+        CohortInstruction::RegisterNode { terms, stake },
+    )
+}
+
+pub fn update_node(owner: &Pubkey, terms: NodeTerms, add_stake: u64) -> Instruction {
+    ix(
+        vec![ws(*owner), w(node_address(owner)), r(system_program::ID)],
+        CohortInstruction::UpdateNode { terms, add_stake },
+    )
+}
+
+pub fn deregister_node(owner: &Pubkey) -> Instruction {
+    ix(
+        vec![rs(*owner), w(node_address(owner)), r(sysvar::clock::ID)],
+        CohortInstruction::DeregisterNode,
+    )
+}
+
+pub fn close_node(owner: &Pubkey) -> Instruction {
+    ix(
+        vec![ws(*owner), w(node_address(owner)), r(sysvar::clock::ID)],
+        CohortInstruction::CloseNode,
+    )
+}
+
+pub fn create_job(requester: &Pubkey, job_id: u64, spec: JobSpec, deposit: u64) -> Instruction {
+    ix(
+        vec![
+            ws(*requester),
+            w(job_address(requester, job_id)),
+            r(system_program::ID),
+            r(sysvar::rent::ID),
+            r(sysvar::clock::ID),
+        ],
+        CohortInstruction::CreateJob {
+            job_id,
+            spec,
+            deposit,
+        },
+    )
+}
+
+pub fn join_job(owner: &Pubkey, job: &Pubkey) -> Instruction {
+    ix(
+        vec![
+            ws(*owner),
+            w(node_address(owner)),
+            w(*job),
+            w(member_address(job, owner)),
+            r(system_program::ID),
+            r(sysvar::rent::ID),
+            r(sysvar::clock::ID),
+        ],
+        CohortInstruction::JoinJob,
+    )
+}
+
+/// `last_member_owner` is the node whose member holds index `member_count - 1`
+/// (the leaver itself if it is last); the program moves it into the gap.
+pub fn leave_job(owner: &Pubkey, job: &Pubkey, last_member_owner: &Pubkey) -> Instruction {
+    ix(
+        vec![
+            rs(*owner),
+            w(node_address(owner)),
+            w(*job),
+            w(member_address(job, owner)),
+            w(member_address(job, last_member_owner)),
+        ],
+        CohortInstruction::LeaveJob,
+    )
+}
+
+pub fn start_epoch(cranker: &Pubkey, job: &Pubkey, index: u32) -> Instruction {
+    ix(
+        vec![
+            ws(*cranker),
+            w(*job),
+            w(epoch_address(job, index)),
+            r(system_program::ID),
+            r(sysvar::rent::ID),
+            r(sysvar::clock::ID),
+            r(sysvar::slot_hashes::ID),
+        ],
+        CohortInstruction::StartEpoch,
+    )
+}
+
+pub fn attest_epoch(
+    witness: &Pubkey,
+    job: &Pubkey,
+    requester: &Pubkey,
+    epoch: u32,
+    model_hash: Hash32,
+    root: Hash32,
+    total_points: u64,
+) -> Instruction {
+    ix(
+        vec![
+            rs(*witness),
+            w(node_address(witness)),
+            w(member_address(job, witness)),
+            w(*job),
+            w(epoch_address(job, epoch)),
+            w(*requester),
+            r(sysvar::clock::ID),
+        ],
+        CohortInstruction::AttestEpoch {
+            epoch,
+            model_hash,
+            root,
+            total_points,
+        },
+    )
+}
+
+pub fn claim(owner: &Pubkey, job: &Pubkey, points: u64, proof: Vec<Hash32>) -> Instruction {
+    ix(
+        vec![ws(*owner), w(*job), w(member_address(job, owner))],
+        CohortInstruction::Claim { points, proof },
+    )
+}
+
+/// Every witness in `witnesses` must sign the transaction.
+pub fn report_fraud(
+    job: &Pubkey,
+    epoch: u32,
+    accused: &Pubkey,
+    last_member_owner: &Pubkey,
+    witnesses: &[Pubkey],
+    evidence: Hash32,
+) -> Instruction {
+    let mut accounts = vec![
+        w(*job),
+        r(epoch_address(job, epoch)),
+        w(member_address(job, accused)),
+        w(node_address(accused)),
+        w(member_address(job, last_member_owner)),
+    ];
+    for wit in witnesses {
+        accounts.push(rs(*wit));
+        accounts.push(r(member_address(job, wit)));
+    }
+    ix(accounts, CohortInstruction::ReportFraud { epoch, evidence })
+}
+
+pub fn cancel_job(requester: &Pubkey, job: &Pubkey) -> Instruction {
+    ix(
+        vec![ws(*requester), w(*job), r(sysvar::clock::ID)],
+        CohortInstruction::CancelJob,
+    )
+}
+
+pub fn expire_job(job: &Pubkey, requester: &Pubkey) -> Instruction {
+    ix(
+        vec![w(*job), w(*requester), r(sysvar::clock::ID)],
+        CohortInstruction::ExpireJob,
+    )
+}
+
+pub fn close_member(owner: &Pubkey, job: &Pubkey) -> Instruction {
+    ix(
+        vec![
+            ws(*owner),
+            w(node_address(owner)),
+            r(*job),
+            w(member_address(job, owner)),
+        ],
+        CohortInstruction::CloseMember,
+    )
+}
+
+pub fn close_epoch(rent_payer: &Pubkey, job: &Pubkey, index: u32) -> Instruction {
+    ix(
+        vec![w(*rent_payer), r(*job), w(epoch_address(job, index))],
+        CohortInstruction::CloseEpoch,
+    )
+}
+
+pub fn close_job(requester: &Pubkey, job: &Pubkey) -> Instruction {
+    ix(
+        vec![ws(*requester), w(*job), r(sysvar::clock::ID)],
+        CohortInstruction::CloseJob,
+    )
+}

@@ -1,0 +1,211 @@
+//! Instruction data. One tag byte, then fixed little-endian fields; the whole
+//! buffer must be consumed. Account lists are documented per variant and built
+//! by `client`, which is the only place clients should assemble them.
+
+use crate::codec::{CodecError, Reader, Writer};
+use crate::merkle::{Hash32, MAX_PROOF_LEN};
+use crate::state::{Benchmark, JobSpec};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeTerms {
+    pub price: u64,
+    pub available_from: i64,
+    pub available_until: i64,
+    pub benchmark: Benchmark,
+}
+
+impl NodeTerms {
+    fn write(&self, w: &mut Writer) {
+        w.u64(self.price)
+            .i64(self.available_from)
+            .i64(self.available_until);
+        self.benchmark.write(w);
+    }
+    fn read(r: &mut Reader) -> Result<Self, CodecError> {
+        Ok(Self {
+            price: r.u64()?,
+            available_from: r.i64()?,
+            available_until: r.i64()?,
+            benchmark: Benchmark::read(r)?,
+        })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CohortInstruction {
+    /// [owner (s, w), node (w), system program, rent]
+    RegisterNode { terms: NodeTerms, stake: u64 },
+    /// [owner (s, w), node (w), system program]
+    UpdateNode { terms: NodeTerms, add_stake: u64 },
+    /// [owner (s), node (w), clock]
+    DeregisterNode,
+    /// [owner (s, w), node (w), clock]
+    CloseNode,
+    /// [requester (s, w), job (w), system program, rent, clock]
+    CreateJob {
+        job_id: u64,
+        spec: JobSpec,
+        deposit: u64,
+    },
+    /// [owner (s, w), node (w), job (w), member (w), system program, rent, clock]
+    JoinJob,
+    /// [owner (s), node (w), job (w), member (w), last member (w)]
+    LeaveJob,
+    /// [cranker (s, w), job (w), epoch (w), system program, rent, clock, slot hashes]
+    StartEpoch,
+    /// [witness (s), node (w), member (w), job (w), epoch (w), requester (w), clock]
+    AttestEpoch {
+        epoch: u32,
+        model_hash: Hash32,
+        root: Hash32,
+        total_points: u64,
+    },
+    /// [owner (s, w), job (w), member (w)]
+    Claim { points: u64, proof: Vec<Hash32> },
+    /// [job (w), epoch, accused member (w), accused node (w), last member (w),
+    ///  then per witness: witness (s), witness member]
+    ReportFraud { epoch: u32, evidence: Hash32 },
+    /// [requester (s, w), job (w), clock]
+    CancelJob,
+    /// [job (w), requester (w), clock]
+    ExpireJob,
+    /// [owner (s, w), node (w), job, member (w)]
+    CloseMember,
+    /// [rent payer (w), job, epoch (w)]
+    CloseEpoch,
+    /// [requester (s, w), job (w), clock]
+    CloseJob,
+}
+
+impl CohortInstruction {
+    pub fn unpack(data: &[u8]) -> Result<Self, CodecError> {
+        let mut r = Reader::new(data);
+        let ix = match r.u8()? {
+            0 => Self::RegisterNode {
+                terms: NodeTerms::read(&mut r)?,
+                stake: r.u64()?,
+            },
+            1 => Self::UpdateNode {
+                terms: NodeTerms::read(&mut r)?,
+                add_stake: r.u64()?,
+            },
+            2 => Self::DeregisterNode,
+            3 => Self::CloseNode,
+            4 => Self::CreateJob {
+                job_id: r.u64()?,
+                spec: JobSpec::read(&mut r)?,
+                deposit: r.u64()?,
+            },
+            5 => Self::JoinJob,
+            6 => Self::LeaveJob,
+            7 => Self::StartEpoch,
+            8 => Self::AttestEpoch {
+                epoch: r.u32()?,
+                model_hash: r.array()?,
+                root: r.array()?,
+                total_points: r.u64()?,
+            },
+            9 => {
+                let points = r.u64()?;
+                let n = r.u8()? as usize;
+                if n > MAX_PROOF_LEN {
+                    return Err(CodecError);
+                }
+                let mut proof = Vec::with_capacity(n);
+                for _ in 0..n {
+                    proof.push(r.array()?);
+                }
+                Self::Claim { points, proof }
+            }
+            10 => Self::ReportFraud {
+                epoch: r.u32()?,
+                evidence: r.array()?,
+            },
+            11 => Self::CancelJob,
+            12 => Self::ExpireJob,
+            13 => Self::CloseMember,
+            14 => Self::CloseEpoch,
+            15 => Self::CloseJob,
+            _ => return Err(CodecError),
+        };
+        r.finish()?;
+        Ok(ix)
+    }
+
+    pub fn pack(&self) -> Vec<u8> {
+        let mut w = Writer::default();
+        match self {
+            Self::RegisterNode { terms, stake } => {
+                w.u8(0);
+                terms.write(&mut w);
+                w.u64(*stake);
+            }
+            Self::UpdateNode { terms, add_stake } => {
+                w.u8(1);
+                terms.write(&mut w);
+                w.u64(*add_stake);
+            }
+            Self::DeregisterNode => {
+                w.u8(2);
+            }
+            Self::CloseNode => {
+                w.u8(3);
+            }
+            Self::CreateJob {
+                job_id,
+                spec,
+                deposit,
+            } => {
+                w.u8(4).u64(*job_id);
+                spec.write(&mut w);
+                w.u64(*deposit);
+            }
+            Self::JoinJob => {
+                w.u8(5);
+            }
+            Self::LeaveJob => {
+                w.u8(6);
+            }
+            Self::StartEpoch => {
+                w.u8(7);
+            }
+            Self::AttestEpoch {
+                epoch,
+                model_hash,
+                root,
+                total_points,
+            } => {
+                w.u8(8)
+                    .u32(*epoch)
+                    .bytes(model_hash)
+                    .bytes(root)
+                    .u64(*total_points);
+            }
+            Self::Claim { points, proof } => {
+                w.u8(9).u64(*points).u8(proof.len() as u8);
+                for p in proof {
+                    w.bytes(p);
+                }
+            }
+            Self::ReportFraud { epoch, evidence } => {
+                w.u8(10).u32(*epoch).bytes(evidence);
+            }
+            Self::CancelJob => {
+                w.u8(11);
+            }
+            Self::ExpireJob => {
+                w.u8(12);
+            }
+            Self::CloseMember => {
+                w.u8(13);
+            }
+            Self::CloseEpoch => {
+                w.u8(14);
+            }
+            Self::CloseJob => {
+                w.u8(15);
+            }
+        }
+        w.buf
+    }
+}

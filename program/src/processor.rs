@@ -1,0 +1,998 @@
+//! Instruction handlers. Every handler checks signers, writability, owners,
+//! discriminators and PDA addresses of the accounts it touches before reading
+//! them, and does all arithmetic checked.
+
+use crate::error::CohortError;
+use crate::instruction::{CohortInstruction, NodeTerms};
+use crate::merkle::{self, Hash32};
+use crate::pda;
+use crate::schedule::{Committee, epoch_seed};
+use crate::state::*;
+use solana_program::account_info::{AccountInfo, next_account_info};
+use solana_program::clock::Clock;
+use solana_program::entrypoint::ProgramResult;
+use solana_program::msg;
+use solana_program::program::invoke_signed;
+use solana_program::program_error::ProgramError;
+use solana_program::pubkey::Pubkey;
+use solana_program::rent::Rent;
+use solana_program::sysvar::{self, SysvarSerialize};
+use solana_system_interface::instruction as system_instruction;
+use solana_system_interface::program as system_program;
+
+type Res<T> = Result<T, ProgramError>;
+
+pub fn process_instruction(
+    program_id: &Pubkey,
+    accounts: &[AccountInfo],
+    data: &[u8],
+) -> ProgramResult {
+    let ix = CohortInstruction::unpack(data).map_err(CohortError::from)?;
+    let ctx = Ctx {
+        program_id,
+        accounts,
+    };
+    match ix {
+        CohortInstruction::RegisterNode { terms, stake } => ctx.register_node(terms, stake),
+        CohortInstruction::UpdateNode { terms, add_stake } => ctx.update_node(terms, add_stake),
+        CohortInstruction::DeregisterNode => ctx.deregister_node(),
+        CohortInstruction::CloseNode => ctx.close_node(),
+        CohortInstruction::CreateJob {
+            job_id,
+            spec,
+            deposit,
+        } => ctx.create_job(job_id, spec, deposit),
+        CohortInstruction::JoinJob => ctx.join_job(),
+        CohortInstruction::LeaveJob => ctx.leave_job(),
+        CohortInstruction::StartEpoch => ctx.start_epoch(),
+        CohortInstruction::AttestEpoch {
+            epoch,
+            model_hash,
+            root,
+            total_points,
+        } => ctx.attest_epoch(epoch, model_hash, root, total_points),
+        CohortInstruction::Claim { points, proof } => ctx.claim(points, &proof),
+        CohortInstruction::ReportFraud { epoch, evidence } => ctx.report_fraud(epoch, evidence),
+        CohortInstruction::CancelJob => ctx.cancel_job(),
+        CohortInstruction::ExpireJob => ctx.expire_job(),
+        CohortInstruction::CloseMember => ctx.close_member(),
+        CohortInstruction::CloseEpoch => ctx.close_epoch(),
+        CohortInstruction::CloseJob => ctx.close_job(),
+    }
+}
+
+fn err(e: CohortError) -> ProgramError {
+    e.into()
+}
+
+fn signer(ai: &AccountInfo) -> Res<()> {
+    if ai.is_signer {
+        Ok(())
+    } else {
+        Err(err(CohortError::MissingSigner))
+    }
+}
+
+fn writable(ai: &AccountInfo) -> Res<()> {
+    if ai.is_writable {
+        Ok(())
+    } else {
+        Err(err(CohortError::NotWritable))
+    }
+}
+
+fn same(a: &Pubkey, b: &Pubkey, e: CohortError) -> Res<()> {
+    if a == b { Ok(()) } else { Err(err(e)) }
+}
+
+fn add(a: u64, b: u64) -> Res<u64> {
+    a.checked_add(b).ok_or(err(CohortError::Overflow))
+}
+
+fn sub(a: u64, b: u64) -> Res<u64> {
+    a.checked_sub(b).ok_or(err(CohortError::Overflow))
+}
+
+fn clock(ai: &AccountInfo) -> Res<Clock> {
+    same(ai.key, &sysvar::clock::ID, CohortError::WrongSysvar)?;
+    Clock::from_account_info(ai).map_err(|_| err(CohortError::WrongSysvar))
+}
+
+fn rent(ai: &AccountInfo) -> Res<Rent> {
+    same(ai.key, &sysvar::rent::ID, CohortError::WrongSysvar)?;
+    Rent::from_account_info(ai).map_err(|_| err(CohortError::WrongSysvar))
+}
+
+/// The newest entry of the `SlotHashes` sysvar, read in place: deserializing the
+/// whole 20 KB vector would cost more compute than the rest of the instruction.
+fn latest_slot_hash(ai: &AccountInfo) -> Res<[u8; 32]> {
+    same(ai.key, &sysvar::slot_hashes::ID, CohortError::WrongSysvar)?;
+    let data = ai.try_borrow_data()?;
+    let count = data
+        .get(..8)
+        .map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])));
+    match (count, data.get(16..48)) {
+        (Some(n), Some(h)) if n > 0 => {
+            let mut out = [0u8; 32];
+            out.copy_from_slice(h);
+            Ok(out)
+        }
+        _ => Err(err(CohortError::WrongSysvar)),
+    }
+}
+
+fn load<T: AccountState>(ai: &AccountInfo, program_id: &Pubkey) -> Res<T> {
+    if ai.owner != program_id {
+        return Err(err(CohortError::WrongOwner));
+    }
+    Ok(T::decode(&ai.try_borrow_data()?)?)
+}
+
+fn store<T: AccountState>(ai: &AccountInfo, value: &T) -> Res<()> {
+    writable(ai)?;
+    let bytes = value.encode();
+    let mut data = ai.try_borrow_mut_data()?;
+    if data.len() != bytes.len() {
+        return Err(err(CohortError::WrongAccountType));
+    }
+    data.copy_from_slice(&bytes);
+    Ok(())
+}
+
+fn move_lamports(from: &AccountInfo, to: &AccountInfo, amount: u64) -> Res<()> {
+    if amount == 0 {
+        return Ok(());
+    }
+    writable(from)?;
+    writable(to)?;
+    let new_from = from
+        .lamports()
+        .checked_sub(amount)
+        .ok_or(err(CohortError::InsufficientFunds))?;
+    let new_to = add(to.lamports(), amount)?;
+    **from.try_borrow_mut_lamports()? = new_from;
+    **to.try_borrow_mut_lamports()? = new_to;
+    Ok(())
+}
+
+/// Drains a program account into `dest` and hands it back to the system
+/// program with no data, so it can be neither read as state nor revived.
+fn close_account(ai: &AccountInfo, dest: &AccountInfo) -> Res<()> {
+    move_lamports(ai, dest, ai.lamports())?;
+    ai.try_borrow_mut_data()?.fill(0);
+    ai.resize(0)?;
+    ai.assign(&system_program::ID);
+    Ok(())
+}
+
+fn check_system_program(ai: &AccountInfo) -> Res<()> {
+    same(ai.key, &system_program::ID, CohortError::WrongSystemProgram)
+}
+
+struct Ctx<'a, 'b> {
+    program_id: &'a Pubkey,
+    accounts: &'a [AccountInfo<'b>],
+}
+
+impl<'a, 'b> Ctx<'a, 'b> {
+    /// Creates the PDA `ai` (which must be fresh) owned by this program with
+    /// `extra` lamports on top of rent exemption, paid by `payer`.
+    #[allow(clippy::too_many_arguments)]
+    fn create_pda(
+        &self,
+        payer: &AccountInfo<'b>,
+        ai: &AccountInfo<'b>,
+        system: &AccountInfo<'b>,
+        rent: &Rent,
+        seeds: &[&[u8]],
+        space: usize,
+        extra: u64,
+    ) -> Res<()> {
+        writable(ai)?;
+        if ai.owner == self.program_id {
+            return Err(err(CohortError::AlreadyInitialized));
+        }
+        let needed = add(rent.minimum_balance(space), extra)?;
+        if payer.lamports() < needed.saturating_sub(ai.lamports()) {
+            return Err(err(CohortError::InsufficientFunds));
+        }
+        let accounts = [payer.clone(), ai.clone(), system.clone()];
+        if ai.lamports() == 0 {
+            let ix = system_instruction::create_account(
+                payer.key,
+                ai.key,
+                needed,
+                space as u64,
+                self.program_id,
+            );
+            invoke_signed(&ix, &accounts, &[seeds])?;
+        } else {
+            // Someone pre-funded the address to block `create_account`: top up,
+            // then allocate and assign, which work on a funded account.
+            let top_up = needed.saturating_sub(ai.lamports());
+            if top_up > 0 {
+                invoke_signed(
+                    &system_instruction::transfer(payer.key, ai.key, top_up),
+                    &accounts,
+                    &[],
+                )?;
+            }
+            invoke_signed(
+                &system_instruction::allocate(ai.key, space as u64),
+                &accounts,
+                &[seeds],
+            )?;
+            invoke_signed(
+                &system_instruction::assign(ai.key, self.program_id),
+                &accounts,
+                &[seeds],
+            )?;
+        }
+        Ok(())
+    }
+
+    fn node_at(&self, ai: &AccountInfo, owner: &Pubkey) -> Res<Node> {
+        let node: Node = load(ai, self.program_id)?;
+        same(&node.owner, owner, CohortError::AccountMismatch)?;
+        let addr = Pubkey::create_program_address(
+            &[pda::NODE_SEED, owner.as_ref(), &[node.bump]],
+            self.program_id,
+        )
+        .map_err(|_| err(CohortError::InvalidPda))?;
+        same(ai.key, &addr, CohortError::InvalidPda)?;
+        Ok(node)
+    }
+
+    fn job_at(&self, ai: &AccountInfo) -> Res<Job> {
+        let job: Job = load(ai, self.program_id)?;
+        let addr = Pubkey::create_program_address(
+            &[
+                pda::JOB_SEED,
+                job.requester.as_ref(),
+                &job.job_id.to_le_bytes(),
+                &[job.bump],
+            ],
+            self.program_id,
+        )
+        .map_err(|_| err(CohortError::InvalidPda))?;
+        same(ai.key, &addr, CohortError::InvalidPda)?;
+        Ok(job)
+    }
+
+    /// A `Member` of exactly this job: a member of another job is `AccountMismatch`.
+    fn member_at(&self, ai: &AccountInfo, job: &Pubkey) -> Res<Member> {
+        let m: Member = load(ai, self.program_id)?;
+        same(&m.job, job, CohortError::AccountMismatch)?;
+        let addr = Pubkey::create_program_address(
+            &[pda::MEMBER_SEED, job.as_ref(), m.node.as_ref(), &[m.bump]],
+            self.program_id,
+        )
+        .map_err(|_| err(CohortError::InvalidPda))?;
+        same(ai.key, &addr, CohortError::InvalidPda)?;
+        Ok(m)
+    }
+
+    fn epoch_at(&self, ai: &AccountInfo, job: &Pubkey) -> Res<Epoch> {
+        let e: Epoch = load(ai, self.program_id)?;
+        same(&e.job, job, CohortError::AccountMismatch)?;
+        let addr = Pubkey::create_program_address(
+            &[
+                pda::EPOCH_SEED,
+                job.as_ref(),
+                &e.index.to_le_bytes(),
+                &[e.bump],
+            ],
+            self.program_id,
+        )
+        .map_err(|_| err(CohortError::InvalidPda))?;
+        same(ai.key, &addr, CohortError::InvalidPda)?;
+        Ok(e)
+    }
+
+    fn register_node(&self, terms: NodeTerms, stake: u64) -> ProgramResult {
+        let it = &mut self.accounts.iter();
+        let owner = next_account_info(it)?;
+        let node_ai = next_account_info(it)?;
+        let system = next_account_info(it)?;
+        let rent = rent(next_account_info(it)?)?;
+        signer(owner)?;
+        check_system_program(system)?;
+        if terms.available_from > terms.available_until {
+            return Err(err(CohortError::InvalidInstruction));
+        }
+        let (addr, bump) = pda::node(self.program_id, owner.key);
+        same(node_ai.key, &addr, CohortError::InvalidPda)?;
+        self.create_pda(
+            owner,
+            node_ai,
+            system,
+            &rent,
+            &[pda::NODE_SEED, owner.key.as_ref(), &[bump]],
+            Node::LEN,
+            stake,
+        )?;
+        let node = Node {
+            bump,
+            owner: *owner.key,
+            stake,
+            price: terms.price,
+            available_from: terms.available_from,
+            available_until: terms.available_until,
+            benchmark: terms.benchmark,
+            status: NodeStatus::Active,
+            unlock_at: 0,
+            epochs_attested: 0,
+            audits_failed: 0,
+            slashes: 0,
+            active_job: Pubkey::default(),
+        };
+        store(node_ai, &node)
+    }
+
+    fn update_node(&self, terms: NodeTerms, add_stake: u64) -> ProgramResult {
+        let it = &mut self.accounts.iter();
+        let owner = next_account_info(it)?;
+        let node_ai = next_account_info(it)?;
+        let system = next_account_info(it)?;
+        signer(owner)?;
+        check_system_program(system)?;
+        let mut node = self.node_at(node_ai, owner.key)?;
+        if node.status != NodeStatus::Active {
+            return Err(err(CohortError::NodeBusy));
+        }
+        if terms.available_from > terms.available_until {
+            return Err(err(CohortError::InvalidInstruction));
+        }
+        node.stake = add(node.stake, add_stake)?;
+        if add_stake > 0 {
+            let accounts = [owner.clone(), node_ai.clone(), system.clone()];
+            invoke_signed(
+                &system_instruction::transfer(owner.key, node_ai.key, add_stake),
+                &accounts,
+                &[],
+            )?;
+        }
+        node.price = terms.price;
+        node.available_from = terms.available_from;
+        node.available_until = terms.available_until;
+        node.benchmark = terms.benchmark;
+        store(node_ai, &node)
+    }
+
+    fn deregister_node(&self) -> ProgramResult {
+        let it = &mut self.accounts.iter();
+        let owner = next_account_info(it)?;
+        let node_ai = next_account_info(it)?;
+        let now = clock(next_account_info(it)?)?.unix_timestamp;
+        signer(owner)?;
+        let mut node = self.node_at(node_ai, owner.key)?;
+        if node.status != NodeStatus::Active || node.active_job != Pubkey::default() {
+            return Err(err(CohortError::NodeBusy));
+        }
+        node.status = NodeStatus::Deregistering;
+        node.unlock_at = now
+            .checked_add(NODE_COOLDOWN_SECS)
+            .ok_or(err(CohortError::Overflow))?;
+        store(node_ai, &node)
+    }
+
+    fn close_node(&self) -> ProgramResult {
+        let it = &mut self.accounts.iter();
+        let owner = next_account_info(it)?;
+        let node_ai = next_account_info(it)?;
+        let now = clock(next_account_info(it)?)?.unix_timestamp;
+        signer(owner)?;
+        let node = self.node_at(node_ai, owner.key)?;
+        if node.status != NodeStatus::Deregistering {
+            return Err(err(CohortError::NotDeregistering));
+        }
+        if now < node.unlock_at {
+            return Err(err(CohortError::CooldownActive));
+        }
+        close_account(node_ai, owner)
+    }
+
+    fn create_job(&self, job_id: u64, spec: JobSpec, deposit: u64) -> ProgramResult {
+        let it = &mut self.accounts.iter();
+        let requester = next_account_info(it)?;
+        let job_ai = next_account_info(it)?;
+        let system = next_account_info(it)?;
+        let rent = rent(next_account_info(it)?)?;
+        let now = clock(next_account_info(it)?)?.unix_timestamp;
+        signer(requester)?;
+        check_system_program(system)?;
+        spec.validate()?;
+        let full = spec.full_budget().ok_or(err(CohortError::Overflow))?;
+        if deposit < full {
+            return Err(err(CohortError::InsufficientDeposit));
+        }
+        let (addr, bump) = pda::job(self.program_id, requester.key, job_id);
+        same(job_ai.key, &addr, CohortError::InvalidPda)?;
+        let id = job_id.to_le_bytes();
+        self.create_pda(
+            requester,
+            job_ai,
+            system,
+            &rent,
+            &[pda::JOB_SEED, requester.key.as_ref(), &id, &[bump]],
+            Job::LEN,
+            deposit,
+        )?;
+        let job = Job {
+            bump,
+            requester: *requester.key,
+            job_id,
+            spec,
+            deposit,
+            slashed: 0,
+            owed: 0,
+            paid_out: 0,
+            refunded: 0,
+            reserve: 0,
+            state: JobState::Open,
+            epochs_started: 0,
+            epochs_finalized: 0,
+            member_count: 0,
+            created_at: now,
+            deadline: now
+                .checked_add(spec.join_window_secs as i64)
+                .ok_or(err(CohortError::Overflow))?,
+            ended_at: 0,
+            total_points: 0,
+            latest_root: [0; 32],
+            latest_model_hash: [0; 32],
+        };
+        store(job_ai, &job)
+    }
+
+    fn join_job(&self) -> ProgramResult {
+        let it = &mut self.accounts.iter();
+        let owner = next_account_info(it)?;
+        let node_ai = next_account_info(it)?;
+        let job_ai = next_account_info(it)?;
+        let member_ai = next_account_info(it)?;
+        let system = next_account_info(it)?;
+        let rent = rent(next_account_info(it)?)?;
+        let now = clock(next_account_info(it)?)?.unix_timestamp;
+        signer(owner)?;
+        check_system_program(system)?;
+        let mut node = self.node_at(node_ai, owner.key)?;
+        let mut job = self.job_at(job_ai)?;
+        if !matches!(job.state, JobState::Open | JobState::Running) {
+            return Err(err(CohortError::InvalidJobState));
+        }
+        if node.status != NodeStatus::Active || node.active_job != Pubkey::default() {
+            return Err(err(CohortError::NodeBusy));
+        }
+        if job.member_count >= job.spec.max_nodes as u32 {
+            return Err(err(CohortError::JobFull));
+        }
+        if node.benchmark.fp32_gflops < job.spec.min_fp32_gflops {
+            return Err(err(CohortError::Underpowered));
+        }
+        if node.price > job.spec.max_price {
+            return Err(err(CohortError::Overpriced));
+        }
+        if node.stake < job.spec.min_stake {
+            return Err(err(CohortError::InsufficientStake));
+        }
+        if now < node.available_from || now >= node.available_until {
+            return Err(err(CohortError::NodeUnavailable));
+        }
+        let (addr, bump) = pda::member(self.program_id, job_ai.key, owner.key);
+        same(member_ai.key, &addr, CohortError::InvalidPda)?;
+        let claimed = if member_ai.owner == self.program_id {
+            // Rejoining after leaving keeps what was already claimed.
+            let old = self.member_at(member_ai, job_ai.key)?;
+            match old.status {
+                MemberStatus::Active => return Err(err(CohortError::AlreadyMember)),
+                MemberStatus::Slashed => return Err(err(CohortError::NotActiveMember)),
+                MemberStatus::Left => old.claimed,
+            }
+        } else {
+            self.create_pda(
+                owner,
+                member_ai,
+                system,
+                &rent,
+                &[
+                    pda::MEMBER_SEED,
+                    job_ai.key.as_ref(),
+                    owner.key.as_ref(),
+                    &[bump],
+                ],
+                Member::LEN,
+                0,
+            )?;
+            0
+        };
+        let member = Member {
+            bump,
+            job: *job_ai.key,
+            node: *owner.key,
+            index: job.member_count,
+            joined_epoch: job.epochs_started,
+            status: MemberStatus::Active,
+            last_voted_epoch: NO_VOTE,
+            claimed,
+        };
+        job.member_count += 1;
+        node.active_job = *job_ai.key;
+        store(member_ai, &member)?;
+        store(node_ai, &node)?;
+        store(job_ai, &job)
+    }
+
+    /// Takes `member` out of the dense index range by moving the job's last
+    /// member into its slot, so committees never draw an empty seat.
+    fn remove_member(
+        &self,
+        job: &mut Job,
+        job_key: &Pubkey,
+        member: &mut Member,
+        member_ai: &AccountInfo,
+        last_ai: &AccountInfo,
+    ) -> Res<()> {
+        let last_index = job
+            .member_count
+            .checked_sub(1)
+            .ok_or(err(CohortError::Overflow))?;
+        if member_ai.key == last_ai.key {
+            if member.index != last_index {
+                return Err(err(CohortError::NotLastMember));
+            }
+        } else {
+            let mut last = self.member_at(last_ai, job_key)?;
+            if last.index != last_index || last.status != MemberStatus::Active {
+                return Err(err(CohortError::NotLastMember));
+            }
+            last.index = member.index;
+            store(last_ai, &last)?;
+        }
+        job.member_count = last_index;
+        Ok(())
+    }
+
+    fn leave_job(&self) -> ProgramResult {
+        let it = &mut self.accounts.iter();
+        let owner = next_account_info(it)?;
+        let node_ai = next_account_info(it)?;
+        let job_ai = next_account_info(it)?;
+        let member_ai = next_account_info(it)?;
+        let last_ai = next_account_info(it)?;
+        signer(owner)?;
+        let mut node = self.node_at(node_ai, owner.key)?;
+        let mut job = self.job_at(job_ai)?;
+        let mut member = self.member_at(member_ai, job_ai.key)?;
+        same(&member.node, owner.key, CohortError::AccountMismatch)?;
+        if member.status != MemberStatus::Active {
+            return Err(err(CohortError::NotActiveMember));
+        }
+        self.remove_member(&mut job, job_ai.key, &mut member, member_ai, last_ai)?;
+        member.status = MemberStatus::Left;
+        if node.active_job == *job_ai.key {
+            node.active_job = Pubkey::default();
+        }
+        store(member_ai, &member)?;
+        store(node_ai, &node)?;
+        store(job_ai, &job)
+    }
+
+    fn start_epoch(&self) -> ProgramResult {
+        let it = &mut self.accounts.iter();
+        let cranker = next_account_info(it)?;
+        let job_ai = next_account_info(it)?;
+        let epoch_ai = next_account_info(it)?;
+        let system = next_account_info(it)?;
+        let rent = rent(next_account_info(it)?)?;
+        let now = clock(next_account_info(it)?)?.unix_timestamp;
+        let slot_hash = latest_slot_hash(next_account_info(it)?)?;
+        signer(cranker)?;
+        check_system_program(system)?;
+        let mut job = self.job_at(job_ai)?;
+        match job.state {
+            JobState::Open => {}
+            JobState::Running if job.epochs_finalized == job.epochs_started => {}
+            JobState::Running => return Err(err(CohortError::EpochNotFinalized)),
+            _ => return Err(err(CohortError::InvalidJobState)),
+        }
+        if job.epochs_started >= job.spec.epochs {
+            return Err(err(CohortError::InvalidJobState));
+        }
+        if job.member_count < job.spec.min_nodes as u32 {
+            return Err(err(CohortError::NotEnoughMembers));
+        }
+        let index = job.epochs_started;
+        let (addr, bump) = pda::epoch(self.program_id, job_ai.key, index);
+        same(epoch_ai.key, &addr, CohortError::InvalidPda)?;
+        self.create_pda(
+            cranker,
+            epoch_ai,
+            system,
+            &rent,
+            &[
+                pda::EPOCH_SEED,
+                job_ai.key.as_ref(),
+                &index.to_le_bytes(),
+                &[bump],
+            ],
+            Epoch::LEN,
+            0,
+        )?;
+        let reserve = (job.member_count as u128)
+            .checked_mul(job.spec.max_price as u128)
+            .and_then(|v| u64::try_from(v).ok())
+            .ok_or(err(CohortError::Overflow))?;
+        job.reserve = reserve;
+        if job.refundable().is_none() {
+            return Err(err(CohortError::PayoutExceedsDeposit));
+        }
+        let deadline = now
+            .checked_add(job.spec.max_epoch_secs as i64)
+            .ok_or(err(CohortError::Overflow))?;
+        let epoch = Epoch {
+            bump,
+            job: *job_ai.key,
+            index,
+            seed: epoch_seed(&slot_hash, job_ai.key, index),
+            members_at_start: job.member_count,
+            started_at: now,
+            deadline,
+            rent_payer: *cranker.key,
+            voted_mask: 0,
+            votes: [[0; 32]; MAX_WITNESSES],
+            finalized: false,
+            digest: [0; 32],
+            root: [0; 32],
+            total_points: 0,
+            model_hash: [0; 32],
+        };
+        job.state = JobState::Running;
+        job.epochs_started += 1;
+        job.deadline = deadline;
+        msg!(
+            "cohort: epoch {} started with {} members",
+            index,
+            job.member_count
+        );
+        store(epoch_ai, &epoch)?;
+        store(job_ai, &job)
+    }
+
+    fn attest_epoch(
+        &self,
+        epoch_index: u32,
+        model_hash: Hash32,
+        root: Hash32,
+        total_points: u64,
+    ) -> ProgramResult {
+        let it = &mut self.accounts.iter();
+        let witness = next_account_info(it)?;
+        let node_ai = next_account_info(it)?;
+        let member_ai = next_account_info(it)?;
+        let job_ai = next_account_info(it)?;
+        let epoch_ai = next_account_info(it)?;
+        let requester = next_account_info(it)?;
+        let now = clock(next_account_info(it)?)?.unix_timestamp;
+        signer(witness)?;
+        let mut node = self.node_at(node_ai, witness.key)?;
+        let mut job = self.job_at(job_ai)?;
+        let mut member = self.member_at(member_ai, job_ai.key)?;
+        let mut epoch = self.epoch_at(epoch_ai, job_ai.key)?;
+        same(&member.node, witness.key, CohortError::AccountMismatch)?;
+        same(requester.key, &job.requester, CohortError::AccountMismatch)?;
+        // An open epoch of a cancelled job may still finish, so its members get paid.
+        let open = match job.state {
+            JobState::Running => true,
+            JobState::Cancelled => job.reserve > 0,
+            _ => false,
+        };
+        if epoch.finalized && epoch.index == epoch_index {
+            return Err(err(CohortError::EpochFinalized));
+        }
+        if !open || job.current_epoch() != Some(epoch_index) || epoch.index != epoch_index {
+            return Err(err(CohortError::WrongEpoch));
+        }
+        if now > epoch.deadline {
+            return Err(err(CohortError::DeadlinePassed));
+        }
+        if member.status != MemberStatus::Active || member.joined_epoch > epoch_index {
+            return Err(err(CohortError::NotWitness));
+        }
+        let committee = Committee::new(&epoch.seed, epoch.members_at_start, job.spec.witness_count);
+        let seat = if member.index < epoch.members_at_start {
+            committee.seat_of(member.index)
+        } else {
+            None
+        };
+        let seat = seat.ok_or(err(CohortError::NotWitness))?;
+        if member.last_voted_epoch == epoch_index || epoch.voted_mask & (1 << seat) != 0 {
+            return Err(err(CohortError::AlreadyVoted));
+        }
+        // Each epoch adds at most one point per member per step.
+        let cap = (job.spec.steps_per_epoch as u64)
+            .checked_mul(epoch.members_at_start as u64)
+            .ok_or(err(CohortError::Overflow))?;
+        if total_points < job.total_points || total_points - job.total_points > cap {
+            return Err(err(CohortError::PointsExceedBudget));
+        }
+        let digest = merkle::epoch_digest(
+            self.program_id,
+            job_ai.key,
+            epoch_index,
+            &model_hash,
+            &root,
+            total_points,
+        );
+        epoch.votes[seat as usize] = digest;
+        epoch.voted_mask |= 1 << seat;
+        member.last_voted_epoch = epoch_index;
+        node.epochs_attested = node.epochs_attested.saturating_add(1);
+        let agreeing = (0..MAX_WITNESSES)
+            .filter(|s| epoch.voted_mask & (1 << s) != 0 && epoch.votes[*s] == digest)
+            .count();
+        if agreeing >= job.spec.quorum as usize {
+            let owed = job
+                .points_value(total_points)
+                .ok_or(err(CohortError::Overflow))?;
+            let added = sub(owed, job.owed)?;
+            if added > job.reserve {
+                return Err(err(CohortError::PointsExceedBudget));
+            }
+            job.owed = owed;
+            job.reserve = 0;
+            job.total_points = total_points;
+            job.latest_root = root;
+            job.latest_model_hash = model_hash;
+            job.epochs_finalized += 1;
+            epoch.finalized = true;
+            epoch.digest = digest;
+            epoch.root = root;
+            epoch.total_points = total_points;
+            epoch.model_hash = model_hash;
+            msg!(
+                "cohort: epoch {} finalized, {} points",
+                epoch_index,
+                total_points
+            );
+            if job.state == JobState::Running {
+                if job.epochs_finalized >= job.spec.epochs {
+                    job.state = JobState::Completed;
+                    job.ended_at = now;
+                } else {
+                    job.deadline = now
+                        .checked_add(job.spec.max_epoch_secs as i64)
+                        .ok_or(err(CohortError::Overflow))?;
+                }
+            }
+            if job.state.is_terminal() {
+                refund(&mut job, job_ai, requester)?;
+            }
+        }
+        store(epoch_ai, &epoch)?;
+        store(member_ai, &member)?;
+        store(node_ai, &node)?;
+        store(job_ai, &job)
+    }
+
+    fn claim(&self, points: u64, proof: &[Hash32]) -> ProgramResult {
+        let it = &mut self.accounts.iter();
+        let owner = next_account_info(it)?;
+        let job_ai = next_account_info(it)?;
+        let member_ai = next_account_info(it)?;
+        signer(owner)?;
+        let mut job = self.job_at(job_ai)?;
+        let mut member = self.member_at(member_ai, job_ai.key)?;
+        same(&member.node, owner.key, CohortError::AccountMismatch)?;
+        if member.status == MemberStatus::Slashed {
+            return Err(err(CohortError::NotActiveMember));
+        }
+        if job.epochs_finalized == 0 {
+            return Err(err(CohortError::NoFinalizedRoot));
+        }
+        if !merkle::verify(merkle::leaf(owner.key, points), proof, &job.latest_root) {
+            return Err(err(CohortError::InvalidProof));
+        }
+        let entitled = job.points_value(points).ok_or(err(CohortError::Overflow))?;
+        let payout = entitled.saturating_sub(member.claimed);
+        if payout == 0 {
+            return Err(err(CohortError::NothingToClaim));
+        }
+        let paid = add(job.paid_out, payout)?;
+        if paid > job.owed {
+            return Err(err(CohortError::PayoutExceedsDeposit));
+        }
+        job.paid_out = paid;
+        member.claimed = entitled;
+        move_lamports(job_ai, owner, payout)?;
+        store(member_ai, &member)?;
+        store(job_ai, &job)
+    }
+
+    fn report_fraud(&self, epoch_index: u32, evidence: Hash32) -> ProgramResult {
+        let it = &mut self.accounts.iter();
+        let job_ai = next_account_info(it)?;
+        let epoch_ai = next_account_info(it)?;
+        let accused_ai = next_account_info(it)?;
+        let accused_node_ai = next_account_info(it)?;
+        let last_ai = next_account_info(it)?;
+        let mut job = self.job_at(job_ai)?;
+        let epoch = self.epoch_at(epoch_ai, job_ai.key)?;
+        if job.state != JobState::Running
+            || job.current_epoch() != Some(epoch_index)
+            || epoch.index != epoch_index
+        {
+            return Err(err(CohortError::WrongEpoch));
+        }
+        let mut accused = self.member_at(accused_ai, job_ai.key)?;
+        if accused.status != MemberStatus::Active {
+            return Err(err(CohortError::NotActiveMember));
+        }
+        let mut node = self.node_at(accused_node_ai, &accused.node)?;
+        let committee = Committee::new(&epoch.seed, epoch.members_at_start, job.spec.witness_count);
+        let mut seen: [Option<Pubkey>; MAX_WITNESSES] = [None; MAX_WITNESSES];
+        let mut votes = 0usize;
+        let rest = it.as_slice();
+        if !rest.len().is_multiple_of(2) || rest.len() / 2 > MAX_WITNESSES {
+            return Err(err(CohortError::InvalidInstruction));
+        }
+        for pair in rest.chunks(2) {
+            let (w, wm_ai) = (&pair[0], &pair[1]);
+            signer(w)?;
+            if seen[..votes].contains(&Some(*w.key)) {
+                return Err(err(CohortError::DuplicateAccount));
+            }
+            let wm = self.member_at(wm_ai, job_ai.key)?;
+            same(&wm.node, w.key, CohortError::AccountMismatch)?;
+            let seat = (wm.status == MemberStatus::Active
+                && wm.joined_epoch <= epoch_index
+                && wm.index < epoch.members_at_start)
+                .then(|| committee.seat_of(wm.index))
+                .flatten();
+            if seat.is_none() {
+                return Err(err(CohortError::NotWitness));
+            }
+            seen[votes] = Some(*w.key);
+            votes += 1;
+        }
+        if votes < job.spec.quorum as usize {
+            return Err(err(CohortError::QuorumNotReached));
+        }
+        let stake = node.stake;
+        node.stake = 0;
+        node.slashes = node.slashes.saturating_add(1);
+        node.audits_failed = node.audits_failed.saturating_add(1);
+        if node.active_job == *job_ai.key {
+            node.active_job = Pubkey::default();
+        }
+        job.slashed = add(job.slashed, stake)?;
+        move_lamports(accused_node_ai, job_ai, stake)?;
+        self.remove_member(&mut job, job_ai.key, &mut accused, accused_ai, last_ai)?;
+        accused.status = MemberStatus::Slashed;
+        msg!(
+            "cohort: member {} slashed {} lamports, evidence {:?}",
+            accused.node,
+            stake,
+            &evidence[..8]
+        );
+        store(accused_ai, &accused)?;
+        store(accused_node_ai, &node)?;
+        store(job_ai, &job)
+    }
+
+    fn cancel_job(&self) -> ProgramResult {
+        let it = &mut self.accounts.iter();
+        let requester = next_account_info(it)?;
+        let job_ai = next_account_info(it)?;
+        let now = clock(next_account_info(it)?)?.unix_timestamp;
+        signer(requester)?;
+        let mut job = self.job_at(job_ai)?;
+        same(requester.key, &job.requester, CohortError::NotRequester)?;
+        if job.state.is_terminal() {
+            return Err(err(CohortError::InvalidJobState));
+        }
+        job.state = JobState::Cancelled;
+        job.ended_at = now;
+        refund(&mut job, job_ai, requester)?;
+        store(job_ai, &job)
+    }
+
+    fn expire_job(&self) -> ProgramResult {
+        let it = &mut self.accounts.iter();
+        let job_ai = next_account_info(it)?;
+        let requester = next_account_info(it)?;
+        let now = clock(next_account_info(it)?)?.unix_timestamp;
+        let mut job = self.job_at(job_ai)?;
+        same(requester.key, &job.requester, CohortError::AccountMismatch)?;
+        let open_epoch = matches!(job.state, JobState::Cancelled) && job.reserve > 0;
+        if !(matches!(job.state, JobState::Open | JobState::Running) || open_epoch) {
+            return Err(err(CohortError::InvalidJobState));
+        }
+        if now <= job.deadline {
+            return Err(err(CohortError::DeadlineNotReached));
+        }
+        // The open epoch missed its deadline: its members are not owed for it.
+        job.reserve = 0;
+        if !job.state.is_terminal() {
+            job.state = JobState::Expired;
+            job.ended_at = now;
+        }
+        refund(&mut job, job_ai, requester)?;
+        store(job_ai, &job)
+    }
+
+    fn close_member(&self) -> ProgramResult {
+        let it = &mut self.accounts.iter();
+        let owner = next_account_info(it)?;
+        let node_ai = next_account_info(it)?;
+        let job_ai = next_account_info(it)?;
+        let member_ai = next_account_info(it)?;
+        signer(owner)?;
+        let member: Member = load(member_ai, self.program_id)?;
+        same(&member.node, owner.key, CohortError::AccountMismatch)?;
+        same(&member.job, job_ai.key, CohortError::AccountMismatch)?;
+        let member = self.member_at(member_ai, job_ai.key)?;
+        // A closed job leaves no account behind; its members may always close.
+        let job_closed = job_ai.owner != self.program_id && job_ai.lamports() == 0;
+        if !job_closed && member.status == MemberStatus::Active {
+            let job = self.job_at(job_ai)?;
+            if !job.state.is_terminal() {
+                return Err(err(CohortError::NotActiveMember));
+            }
+        }
+        let mut node = self.node_at(node_ai, owner.key)?;
+        if node.active_job == *job_ai.key {
+            node.active_job = Pubkey::default();
+            store(node_ai, &node)?;
+        }
+        close_account(member_ai, owner)
+    }
+
+    fn close_epoch(&self) -> ProgramResult {
+        let it = &mut self.accounts.iter();
+        let payer = next_account_info(it)?;
+        let job_ai = next_account_info(it)?;
+        let epoch_ai = next_account_info(it)?;
+        let epoch: Epoch = load(epoch_ai, self.program_id)?;
+        same(&epoch.job, job_ai.key, CohortError::AccountMismatch)?;
+        let epoch = self.epoch_at(epoch_ai, job_ai.key)?;
+        same(payer.key, &epoch.rent_payer, CohortError::AccountMismatch)?;
+        let job_closed = job_ai.owner != self.program_id && job_ai.lamports() == 0;
+        if !job_closed && !epoch.finalized {
+            let job = self.job_at(job_ai)?;
+            let still_open = job.current_epoch() == Some(epoch.index)
+                && (job.state == JobState::Running || job.reserve > 0);
+            if still_open {
+                return Err(err(CohortError::EpochOpen));
+            }
+        }
+        close_account(epoch_ai, payer)
+    }
+
+    fn close_job(&self) -> ProgramResult {
+        let it = &mut self.accounts.iter();
+        let requester = next_account_info(it)?;
+        let job_ai = next_account_info(it)?;
+        let now = clock(next_account_info(it)?)?.unix_timestamp;
+        signer(requester)?;
+        let job = self.job_at(job_ai)?;
+        same(requester.key, &job.requester, CohortError::NotRequester)?;
+        if !job.state.is_terminal() || job.reserve > 0 {
+            return Err(err(CohortError::InvalidJobState));
+        }
+        let window_over = now >= job.ended_at.saturating_add(CLAIM_WINDOW_SECS);
+        if job.paid_out < job.owed && !window_over {
+            return Err(err(CohortError::ClaimWindowOpen));
+        }
+        close_account(job_ai, requester)
+    }
+}
+
+/// Pays the requester everything the job holds beyond what is owed or reserved.
+fn refund(job: &mut Job, job_ai: &AccountInfo, requester: &AccountInfo) -> Res<()> {
+    let amount = job
+        .refundable()
+        .ok_or(err(CohortError::PayoutExceedsDeposit))?;
+    job.refunded = add(job.refunded, amount)?;
+    move_lamports(job_ai, requester, amount)
+}

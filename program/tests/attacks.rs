@@ -1,0 +1,525 @@
+//! One named test per attack class, each asserting the exact program error.
+//! Lamport conservation is checked after every transaction by the harness.
+
+mod common;
+
+use cohort_program::client;
+use cohort_program::error::CohortError;
+use cohort_program::pda::JOB_SEED;
+use cohort_program::state::*;
+use common::*;
+use solana_sdk::account::{Account, AccountSharedData};
+use solana_sdk::instruction::Instruction;
+use solana_sdk::pubkey::Pubkey;
+use solana_sdk::signature::{Keypair, Signer};
+
+struct Running {
+    env: Env,
+    requester: Keypair,
+    nodes: Vec<Keypair>,
+    job: Pubkey,
+}
+
+impl Running {
+    async fn by_index(&mut self) -> Vec<Option<Pubkey>> {
+        let nodes: Vec<Keypair> = self.nodes.iter().map(|k| k.insecure_clone()).collect();
+        let refs: Vec<&Keypair> = nodes.iter().collect();
+        self.env.members_by_index(&self.job, &refs).await
+    }
+
+    async fn witnesses(&mut self, epoch: u32) -> Vec<Pubkey> {
+        let members: Vec<&Keypair> = self.nodes.iter().collect();
+        self.env.witnesses(&self.job, epoch, &members).await
+    }
+
+    fn attest(&self, w: &Pubkey, epoch: u32, root: [u8; 32], total: u64) -> Instruction {
+        client::attest_epoch(
+            w,
+            &self.job,
+            &self.requester.pubkey(),
+            epoch,
+            [5; 32],
+            root,
+            total,
+        )
+    }
+
+    async fn send_as(
+        &mut self,
+        ix: Instruction,
+        who: &Pubkey,
+    ) -> Result<(), solana_program_test::BanksClientError> {
+        let kp = find(&self.nodes, who).insecure_clone();
+        self.env.send(&[ix], &[&kp]).await
+    }
+
+    /// Finalizes `epoch` with the given cumulative points.
+    async fn finalize(&mut self, epoch: u32, points: &[(Pubkey, u64)]) {
+        let t = tree(points);
+        let ws = self.witnesses(epoch).await;
+        for w in ws.iter().take(2) {
+            let ix = self.attest(w, epoch, t.root(), t.total());
+            self.send_as(ix, w).await.unwrap();
+        }
+    }
+}
+
+/// `n` registered nodes, a job with 3..=4 members of which the first `n.min(4)` joined.
+async fn open_job(n: usize) -> Running {
+    let mut env = Env::new().await;
+    let requester = env.user(10 * SOL).await;
+    let mut nodes = Vec::new();
+    for _ in 0..n {
+        let k = env.user(SOL).await;
+        env.register(&k, PRICE, 5_000, STAKE).await.unwrap();
+        nodes.push(k);
+    }
+    let s = spec();
+    let job = env
+        .create_job(&requester, 1, s, s.full_budget().unwrap())
+        .await
+        .unwrap();
+    for k in nodes.iter().take(4) {
+        env.join(k, &job).await.unwrap();
+    }
+    Running {
+        env,
+        requester,
+        nodes,
+        job,
+    }
+}
+
+async fn running_job() -> Running {
+    let mut r = open_job(4).await;
+    r.env.start_epoch(&r.job).await.unwrap();
+    r
+}
+
+fn points(r: &Running, each: u64) -> Vec<(Pubkey, u64)> {
+    r.nodes.iter().map(|n| (n.pubkey(), each)).collect()
+}
+
+#[tokio::test]
+async fn missing_signer_is_refused() {
+    let mut env = Env::new().await;
+    let node = env.user(SOL).await;
+    let mut ix = client::register_node(&node.pubkey(), terms(PRICE, 5_000), STAKE);
+    ix.accounts[0].is_signer = false;
+    assert_err(env.send(&[ix], &[]).await, CohortError::MissingSigner);
+}
+
+#[tokio::test]
+async fn wrong_owner_is_refused() {
+    let mut r = open_job(4).await;
+    // A byte-perfect copy of the job owned by another program.
+    let real = r.env.account(&r.job).await.unwrap();
+    let fake = Pubkey::new_unique();
+    r.env.ctx.set_account(
+        &fake,
+        &AccountSharedData::from(Account {
+            owner: Pubkey::new_unique(),
+            ..real
+        }),
+    );
+    let extra = r.env.user(SOL).await;
+    r.env.register(&extra, PRICE, 5_000, STAKE).await.unwrap();
+    let mut ix = client::join_job(&extra.pubkey(), &r.job);
+    ix.accounts[2].pubkey = fake;
+    assert_err(r.env.send(&[ix], &[&extra]).await, CohortError::WrongOwner);
+}
+
+#[tokio::test]
+async fn member_or_epoch_of_another_job_is_refused() {
+    let mut r = running_job().await;
+    let s = spec();
+    let other = r
+        .env
+        .create_job(
+            &r.requester.insecure_clone(),
+            2,
+            s,
+            s.full_budget().unwrap(),
+        )
+        .await
+        .unwrap();
+    let w = r.witnesses(0).await[0];
+    // A Member of job 1 presented for job 2.
+    let mut ix = client::attest_epoch(&w, &other, &r.requester.pubkey(), 0, [0; 32], [0; 32], 0);
+    ix.accounts[2].pubkey = client::member_address(&r.job, &w);
+    ix.accounts[4].pubkey = client::epoch_address(&r.job, 0);
+    assert_err(r.send_as(ix, &w).await, CohortError::AccountMismatch);
+    // Job 1's own member and epoch presented under job 2's key.
+    let mut ix = r.attest(&w, 0, [0; 32], 0);
+    ix.accounts[3].pubkey = other;
+    assert_err(r.send_as(ix, &w).await, CohortError::AccountMismatch);
+}
+
+#[tokio::test]
+async fn non_canonical_pda_bump_is_refused() {
+    let mut env = Env::new().await;
+    let requester = env.user(10 * SOL).await;
+    let id = 11u64.to_le_bytes();
+    let rk = requester.pubkey();
+    let seeds: &[&[u8]] = &[JOB_SEED, rk.as_ref(), &id];
+    let (_, canonical) = Pubkey::find_program_address(seeds, &cohort_program::ID);
+    let other = (0..canonical)
+        .rev()
+        .find_map(|b| {
+            let mut s = seeds.to_vec();
+            let bump = [b];
+            s.push(&bump);
+            Pubkey::create_program_address(&s, &cohort_program::ID).ok()
+        })
+        .expect("a non-canonical bump exists");
+    env.track(other);
+    let s = spec();
+    let mut ix = client::create_job(&requester.pubkey(), 11, s, s.full_budget().unwrap());
+    ix.accounts[1].pubkey = other;
+    assert_err(
+        env.send(&[ix], &[&requester]).await,
+        CohortError::InvalidPda,
+    );
+}
+
+#[tokio::test]
+async fn arithmetic_overflow_is_refused() {
+    let mut env = Env::new().await;
+    let requester = env.user(10 * SOL).await;
+    let mut s = spec();
+    s.max_price = u64::MAX / 2;
+    s.max_nodes = u16::MAX;
+    s.epochs = u32::MAX;
+    let ix = client::create_job(&requester.pubkey(), 1, s, u64::MAX);
+    assert_err(env.send(&[ix], &[&requester]).await, CohortError::Overflow);
+    // Topping up a stake past u64::MAX.
+    let node = env.user(SOL).await;
+    env.register(&node, PRICE, 5_000, u64::MAX / 2 - SOL)
+        .await
+        .unwrap_err();
+    env.register(&node, PRICE, 5_000, STAKE).await.unwrap();
+    let ix = client::update_node(&node.pubkey(), terms(PRICE, 5_000), u64::MAX - 1);
+    assert_err(env.send(&[ix], &[&node]).await, CohortError::Overflow);
+}
+
+#[tokio::test]
+async fn reinitialization_is_refused() {
+    let mut env = Env::new().await;
+    let node = env.user(SOL).await;
+    env.register(&node, PRICE, 5_000, STAKE).await.unwrap();
+    assert_err(
+        env.register(&node, PRICE * 2, 9_000, STAKE).await,
+        CohortError::AlreadyInitialized,
+    );
+    let requester = env.user(10 * SOL).await;
+    let s = spec();
+    env.create_job(&requester, 1, s, s.full_budget().unwrap())
+        .await
+        .unwrap();
+    let res = env
+        .create_job(&requester, 1, s, s.full_budget().unwrap())
+        .await
+        .map(|_| ());
+    assert_err(res, CohortError::AlreadyInitialized);
+}
+
+#[tokio::test]
+async fn use_after_close_is_refused() {
+    let mut r = open_job(4).await;
+    let requester = r.requester.insecure_clone();
+    r.env
+        .send(
+            &[client::cancel_job(&requester.pubkey(), &r.job)],
+            &[&requester],
+        )
+        .await
+        .unwrap();
+    r.env
+        .send(
+            &[client::close_job(&requester.pubkey(), &r.job)],
+            &[&requester],
+        )
+        .await
+        .unwrap();
+    let res = r
+        .env
+        .send(
+            &[client::cancel_job(&requester.pubkey(), &r.job)],
+            &[&requester],
+        )
+        .await;
+    assert_err(res, CohortError::WrongOwner);
+    // A member of the closed job may still close its own account, once.
+    let n = r.nodes[0].insecure_clone();
+    r.env
+        .send(&[client::close_member(&n.pubkey(), &r.job)], &[&n])
+        .await
+        .unwrap();
+    let res = r
+        .env
+        .send(&[client::close_member(&n.pubkey(), &r.job)], &[&n])
+        .await;
+    assert_err(res, CohortError::WrongOwner);
+}
+
+#[tokio::test]
+async fn duplicate_mutable_accounts_are_refused() {
+    let mut r = running_job().await;
+    let ws = r.witnesses(0).await;
+    let accused = r
+        .nodes
+        .iter()
+        .map(|n| n.pubkey())
+        .find(|k| !ws.contains(k))
+        .unwrap();
+    let by_index = r.by_index().await;
+    let last = by_index.last().unwrap().unwrap();
+    // One witness listed twice must not count as two votes.
+    let ix = client::report_fraud(&r.job, 0, &accused, &last, &[ws[0], ws[0]], [1; 32]);
+    let w0 = find(&r.nodes, &ws[0]).insecure_clone();
+    assert_err(
+        r.env.send(&[ix], &[&w0]).await,
+        CohortError::DuplicateAccount,
+    );
+}
+
+#[tokio::test]
+async fn type_cosplay_is_refused() {
+    let mut r = open_job(5).await;
+    // A Node account passed where a Job is expected.
+    let extra = r.nodes[4].insecure_clone();
+    let mut ix = client::join_job(&extra.pubkey(), &r.job);
+    ix.accounts[2].pubkey = client::node_address(&r.nodes[0].pubkey());
+    assert_err(
+        r.env.send(&[ix], &[&extra]).await,
+        CohortError::WrongAccountType,
+    );
+}
+
+#[tokio::test]
+async fn double_claim_is_refused() {
+    let mut r = running_job().await;
+    let pts = points(&r, 10);
+    r.finalize(0, &pts).await;
+    let m = r.nodes[0].insecure_clone();
+    let (p, proof) = proof_for(&pts, &m.pubkey());
+    r.env
+        .send(
+            &[client::claim(&m.pubkey(), &r.job, p, proof.clone())],
+            &[&m],
+        )
+        .await
+        .unwrap();
+    let res = r
+        .env
+        .send(&[client::claim(&m.pubkey(), &r.job, p, proof)], &[&m])
+        .await;
+    assert_err(res, CohortError::NothingToClaim);
+}
+
+#[tokio::test]
+async fn forged_or_stale_proof_is_refused() {
+    let mut r = running_job().await;
+    let pts0 = points(&r, 5);
+    r.finalize(0, &pts0).await;
+    let m = r.nodes[0].insecure_clone();
+    let (p, proof) = proof_for(&pts0, &m.pubkey());
+    // Inflated points with a genuine proof.
+    let res = r
+        .env
+        .send(
+            &[client::claim(&m.pubkey(), &r.job, p + 1, proof.clone())],
+            &[&m],
+        )
+        .await;
+    assert_err(res, CohortError::InvalidProof);
+    // Another member's proof.
+    let (_, other_proof) = proof_for(&pts0, &r.nodes[1].pubkey());
+    let res = r
+        .env
+        .send(&[client::claim(&m.pubkey(), &r.job, p, other_proof)], &[&m])
+        .await;
+    assert_err(res, CohortError::InvalidProof);
+    // After epoch 1 finalizes, epoch 0's proof is stale.
+    r.env.start_epoch(&r.job).await.unwrap();
+    let pts1 = points(&r, 10);
+    r.finalize(1, &pts1).await;
+    let res = r
+        .env
+        .send(&[client::claim(&m.pubkey(), &r.job, p, proof)], &[&m])
+        .await;
+    assert_err(res, CohortError::InvalidProof);
+}
+
+#[tokio::test]
+async fn attest_by_non_witness_is_refused() {
+    let mut r = running_job().await;
+    let ws = r.witnesses(0).await;
+    let outsider = r
+        .nodes
+        .iter()
+        .map(|n| n.pubkey())
+        .find(|k| !ws.contains(k))
+        .unwrap();
+    let ix = r.attest(&outsider, 0, [1; 32], 4);
+    assert_err(r.send_as(ix, &outsider).await, CohortError::NotWitness);
+}
+
+#[tokio::test]
+async fn attest_twice_is_refused() {
+    let mut r = running_job().await;
+    let w = r.witnesses(0).await[0];
+    r.send_as(r.attest(&w, 0, [1; 32], 4), &w).await.unwrap();
+    let res = r.send_as(r.attest(&w, 0, [2; 32], 4), &w).await;
+    assert_err(res, CohortError::AlreadyVoted);
+}
+
+#[tokio::test]
+async fn attest_for_non_current_epoch_is_refused() {
+    let mut r = running_job().await;
+    let pts = points(&r, 3);
+    r.finalize(0, &pts).await;
+    r.env.start_epoch(&r.job).await.unwrap();
+    let w = r.witnesses(1).await[0];
+    // Epoch 0's account, named as epoch 1.
+    let mut ix = r.attest(&w, 1, [1; 32], 20);
+    ix.accounts[4].pubkey = client::epoch_address(&r.job, 0);
+    assert_err(r.send_as(ix, &w).await, CohortError::WrongEpoch);
+    // Epoch 0 itself is closed for votes.
+    let ix = r.attest(&w, 0, [1; 32], 20);
+    assert_err(r.send_as(ix, &w).await, CohortError::EpochFinalized);
+}
+
+#[tokio::test]
+async fn join_when_full_underpowered_overpriced_or_unstaked_is_refused() {
+    let mut r = open_job(4).await;
+    let full = r.env.user(SOL).await;
+    r.env.register(&full, PRICE, 5_000, STAKE).await.unwrap();
+    assert_err(r.env.join(&full, &r.job).await, CohortError::JobFull);
+
+    let s = spec();
+    let requester = r.requester.insecure_clone();
+    let job2 = r
+        .env
+        .create_job(&requester, 2, s, s.full_budget().unwrap())
+        .await
+        .unwrap();
+    let weak = r.env.user(SOL).await;
+    r.env.register(&weak, PRICE, 999, STAKE).await.unwrap();
+    assert_err(r.env.join(&weak, &job2).await, CohortError::Underpowered);
+    let greedy = r.env.user(SOL).await;
+    r.env
+        .register(&greedy, PRICE + 1, 5_000, STAKE)
+        .await
+        .unwrap();
+    assert_err(r.env.join(&greedy, &job2).await, CohortError::Overpriced);
+    let unstaked = r.env.user(SOL).await;
+    r.env.register(&unstaked, PRICE, 5_000, 0).await.unwrap();
+    assert_err(
+        r.env.join(&unstaked, &job2).await,
+        CohortError::InsufficientStake,
+    );
+    // A node already in a job cannot take a second one.
+    assert_err(
+        r.env.join(&r.nodes[0].insecure_clone(), &job2).await,
+        CohortError::NodeBusy,
+    );
+}
+
+#[tokio::test]
+async fn cancel_by_non_requester_is_refused() {
+    let mut r = open_job(4).await;
+    let n = r.nodes[0].insecure_clone();
+    let mut ix = client::cancel_job(&r.requester.pubkey(), &r.job);
+    ix.accounts[0].pubkey = n.pubkey();
+    assert_err(r.env.send(&[ix], &[&n]).await, CohortError::NotRequester);
+}
+
+#[tokio::test]
+async fn expire_before_deadline_is_refused() {
+    let mut r = open_job(2).await;
+    let ix = client::expire_job(&r.job, &r.requester.pubkey());
+    assert_err(
+        r.env.send(std::slice::from_ref(&ix), &[]).await,
+        CohortError::DeadlineNotReached,
+    );
+    r.env.advance(spec().join_window_secs as i64 + 1);
+    r.env.send(&[ix], &[]).await.unwrap();
+    let j: Job = r.env.state(&r.job).await;
+    assert_eq!((j.state, j.refunded), (JobState::Expired, j.deposit));
+}
+
+#[tokio::test]
+async fn payout_beyond_deposit_is_refused() {
+    let mut r = running_job().await;
+    // More points than 4 members x 10 steps can earn in one epoch.
+    let w = r.witnesses(0).await[0];
+    let res = r.send_as(r.attest(&w, 0, [1; 32], 41), &w).await;
+    assert_err(res, CohortError::PointsExceedBudget);
+    // A colluding quorum attests a root whose leaves exceed its stated total:
+    // the claim would pay more than is owed, and is refused.
+    let m = r.nodes[0].insecure_clone();
+    let forged = vec![(m.pubkey(), 1_000_000u64)];
+    let t = tree(&forged);
+    let ws = r.witnesses(0).await;
+    for w in ws.iter().take(2) {
+        r.send_as(r.attest(w, 0, t.root(), 10), w).await.unwrap();
+    }
+    let (p, proof) = proof_for(&forged, &m.pubkey());
+    let res = r
+        .env
+        .send(&[client::claim(&m.pubkey(), &r.job, p, proof)], &[&m])
+        .await;
+    assert_err(res, CohortError::PayoutExceedsDeposit);
+}
+
+#[tokio::test]
+async fn slash_without_quorum_is_refused_and_with_quorum_slashes() {
+    let mut r = running_job().await;
+    let ws = r.witnesses(0).await;
+    let accused = r
+        .nodes
+        .iter()
+        .map(|n| n.pubkey())
+        .find(|k| !ws.contains(k))
+        .unwrap();
+    let by_index = r.by_index().await;
+    let last = by_index.last().unwrap().unwrap();
+    let w0 = find(&r.nodes, &ws[0]).insecure_clone();
+    let w1 = find(&r.nodes, &ws[1]).insecure_clone();
+    let ix = client::report_fraud(&r.job, 0, &accused, &last, &[ws[0]], [1; 32]);
+    assert_err(
+        r.env.send(&[ix], &[&w0]).await,
+        CohortError::QuorumNotReached,
+    );
+    // A non-witness co-signing does not make a quorum either.
+    let ix = client::report_fraud(&r.job, 0, &accused, &last, &[ws[0], accused], [1; 32]);
+    let acc_kp = find(&r.nodes, &accused).insecure_clone();
+    assert_err(
+        r.env.send(&[ix], &[&w0, &acc_kp]).await,
+        CohortError::NotWitness,
+    );
+
+    let job_before = r.env.balance(&r.job).await;
+    let ix = client::report_fraud(&r.job, 0, &accused, &last, &[ws[0], ws[1]], [1; 32]);
+    r.env.send(&[ix], &[&w0, &w1]).await.unwrap();
+    let m: Member = r.env.state(&client::member_address(&r.job, &accused)).await;
+    assert_eq!(m.status, MemberStatus::Slashed);
+    let n: Node = r.env.state(&client::node_address(&accused)).await;
+    assert_eq!((n.stake, n.slashes), (0, 1));
+    let j: Job = r.env.state(&r.job).await;
+    assert_eq!((j.slashed, j.member_count), (STAKE, 3));
+    assert_eq!(r.env.balance(&r.job).await, job_before + STAKE);
+    // Indices stay dense: 0..3 are all active.
+    let by_index = r.by_index().await;
+    assert!(by_index.iter().all(|m| m.is_some()));
+    // The slashed member cannot claim, even with a valid proof.
+    let pts = points(&r, 2);
+    r.finalize(0, &pts).await;
+    let (p, proof) = proof_for(&pts, &accused);
+    let res = r
+        .env
+        .send(&[client::claim(&accused, &r.job, p, proof)], &[&acc_kp])
+        .await;
+    assert_err(res, CohortError::NotActiveMember);
+}

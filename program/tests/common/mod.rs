@@ -1,0 +1,324 @@
+//! Test harness: the Cohort program as a builtin inside a real bank, with
+//! lamport bookkeeping so every test can assert conservation after each
+//! transaction.
+#![allow(dead_code)]
+
+use cohort_program::client;
+use cohort_program::error::CohortError;
+use cohort_program::instruction::NodeTerms;
+use cohort_program::merkle::MerkleTree;
+use cohort_program::schedule::Committee;
+use cohort_program::state::*;
+use solana_program_test::{BanksClientError, ProgramTest, ProgramTestContext, processor};
+use solana_sdk::account::Account;
+use solana_sdk::clock::Clock;
+use solana_sdk::instruction::{Instruction, InstructionError};
+use solana_sdk::pubkey::Pubkey;
+use solana_sdk::rent::Rent;
+use solana_sdk::signature::{Keypair, Signer};
+use solana_sdk::transaction::{Transaction, TransactionError};
+use std::collections::BTreeSet;
+
+pub const SOL: u64 = 1_000_000_000;
+pub const PRICE: u64 = 1_000_000;
+pub const STAKE: u64 = 5_000_000;
+pub const T0: i64 = 1_800_000_000;
+
+pub fn spec() -> JobSpec {
+    let mut s = JobSpec {
+        model_hash: [7; 32],
+        arch: [0; 64],
+        dataset_id: [9; 32],
+        global_batch: 32,
+        seq_len: 128,
+        steps_per_epoch: 10,
+        epochs: 3,
+        expected_epoch_secs: 600,
+        max_epoch_secs: 3600,
+        join_window_secs: 3600,
+        min_nodes: 3,
+        max_nodes: 4,
+        min_fp32_gflops: 1_000,
+        max_price: PRICE,
+        min_stake: STAKE,
+        witness_count: 3,
+        quorum: 2,
+    };
+    s.set_arch("gpt l2 d64 h4 s128");
+    s
+}
+
+pub fn terms(price: u64, gflops: u32) -> NodeTerms {
+    let mut b = Benchmark {
+        backend: Backend::Cpu as u8,
+        fp32_gflops: gflops,
+        fp16_gflops: gflops * 2,
+        mem_bw_gbps: 50,
+        vram_mib: 8192,
+        version: 1,
+        ..Default::default()
+    };
+    b.set_device_name("test-gpu");
+    NodeTerms {
+        price,
+        available_from: 0,
+        available_until: i64::MAX,
+        benchmark: b,
+    }
+}
+
+pub struct Env {
+    pub ctx: ProgramTestContext,
+    pub rent: Rent,
+    tracked: BTreeSet<Pubkey>,
+    initial: u64,
+    pub fees: u64,
+    pub now: i64,
+}
+
+pub fn program_test() -> ProgramTest {
+    let mut pt = ProgramTest::default();
+    pt.prefer_bpf(false);
+    pt.add_builtin_program(
+        "cohort_program",
+        cohort_program::ID,
+        processor!(cohort_program::processor::process_instruction).unwrap(),
+    );
+    pt
+}
+
+impl Env {
+    pub async fn new() -> Self {
+        let mut ctx = program_test().start_with_context().await;
+        // SlotHashes is empty at genesis; one warp fills it.
+        ctx.warp_to_slot(5).unwrap();
+        let rent = ctx.banks_client.get_rent().await.unwrap();
+        let mut env = Self {
+            ctx,
+            rent,
+            tracked: BTreeSet::new(),
+            initial: 0,
+            fees: 0,
+            now: T0,
+        };
+        env.set_time(T0);
+        let payer = env.ctx.payer.pubkey();
+        env.track(payer);
+        env.initial = env.total().await;
+        env
+    }
+
+    pub fn set_time(&mut self, t: i64) {
+        let mut clock: Clock = Clock {
+            slot: 5,
+            unix_timestamp: t,
+            ..Default::default()
+        };
+        clock.epoch_start_timestamp = t;
+        self.ctx.set_sysvar(&clock);
+        self.now = t;
+    }
+
+    pub fn advance(&mut self, secs: i64) {
+        self.set_time(self.now + secs);
+    }
+
+    pub fn track(&mut self, k: Pubkey) {
+        self.tracked.insert(k);
+    }
+
+    pub async fn total(&mut self) -> u64 {
+        let mut sum = 0;
+        for k in self.tracked.clone() {
+            sum += self.balance(&k).await;
+        }
+        sum
+    }
+
+    pub async fn balance(&mut self, k: &Pubkey) -> u64 {
+        self.ctx.banks_client.get_balance(*k).await.unwrap()
+    }
+
+    pub async fn account(&mut self, k: &Pubkey) -> Option<Account> {
+        self.ctx.banks_client.get_account(*k).await.unwrap()
+    }
+
+    pub async fn state<T: AccountState>(&mut self, k: &Pubkey) -> T {
+        let acc = self.account(k).await.expect("account exists");
+        assert_eq!(acc.owner, cohort_program::ID);
+        T::decode(&acc.data).expect("decodes")
+    }
+
+    /// A funded keypair, tracked for conservation.
+    pub async fn user(&mut self, lamports: u64) -> Keypair {
+        let k = Keypair::new();
+        self.track(k.pubkey());
+        self.track(client::node_address(&k.pubkey()));
+        self.fund(&k.pubkey(), lamports).await;
+        k
+    }
+
+    pub async fn fund(&mut self, to: &Pubkey, lamports: u64) {
+        let payer = self.ctx.payer.insecure_clone();
+        let ix = solana_system_interface::instruction::transfer(&payer.pubkey(), to, lamports);
+        self.send(&[ix], &[]).await.unwrap();
+    }
+
+    /// Sends one transaction paid by the context payer and checks lamport
+    /// conservation and rent exemption of every tracked program account.
+    pub async fn send(
+        &mut self,
+        ixs: &[Instruction],
+        signers: &[&Keypair],
+    ) -> Result<(), BanksClientError> {
+        let payer = self.ctx.payer.insecure_clone();
+        let mut all: Vec<&Keypair> = vec![&payer];
+        all.extend_from_slice(signers);
+        let blockhash = self.ctx.get_new_latest_blockhash().await.unwrap();
+        let tx = Transaction::new_signed_with_payer(ixs, Some(&payer.pubkey()), &all, blockhash);
+        let fee = self
+            .ctx
+            .banks_client
+            .get_fee_for_message(tx.message.clone())
+            .await
+            .unwrap()
+            .unwrap_or(0);
+        let res = self.ctx.banks_client.process_transaction(tx).await;
+        let charged = match &res {
+            Ok(()) => true,
+            Err(BanksClientError::TransactionError(TransactionError::InstructionError(..))) => true,
+            Err(_) => false,
+        };
+        if charged {
+            self.fees += fee;
+        }
+        self.check_invariants().await;
+        res
+    }
+
+    pub async fn check_invariants(&mut self) {
+        let total = self.total().await;
+        assert_eq!(total + self.fees, self.initial, "lamports created or lost");
+        for k in self.tracked.clone() {
+            if let Some(acc) = self.account(&k).await
+                && acc.owner == cohort_program::ID
+            {
+                assert!(
+                    self.rent.is_exempt(acc.lamports, acc.data.len()),
+                    "{k} fell below rent exemption"
+                );
+            }
+        }
+    }
+
+    pub async fn register(
+        &mut self,
+        node: &Keypair,
+        price: u64,
+        gflops: u32,
+        stake: u64,
+    ) -> Result<(), BanksClientError> {
+        let ix = client::register_node(&node.pubkey(), terms(price, gflops), stake);
+        self.send(&[ix], &[node]).await
+    }
+
+    pub async fn create_job(
+        &mut self,
+        requester: &Keypair,
+        id: u64,
+        spec: JobSpec,
+        deposit: u64,
+    ) -> Result<Pubkey, BanksClientError> {
+        let job = client::job_address(&requester.pubkey(), id);
+        self.track(job);
+        for e in 0..spec.epochs.min(64) {
+            self.track(client::epoch_address(&job, e));
+        }
+        let ix = client::create_job(&requester.pubkey(), id, spec, deposit);
+        self.send(&[ix], &[requester]).await.map(|_| job)
+    }
+
+    pub async fn join(&mut self, node: &Keypair, job: &Pubkey) -> Result<(), BanksClientError> {
+        self.track(client::member_address(job, &node.pubkey()));
+        self.send(&[client::join_job(&node.pubkey(), job)], &[node])
+            .await
+    }
+
+    pub async fn start_epoch(&mut self, job: &Pubkey) -> Result<u32, BanksClientError> {
+        let j: Job = self.state(job).await;
+        let payer = self.ctx.payer.pubkey();
+        self.send(&[client::start_epoch(&payer, job, j.epochs_started)], &[])
+            .await?;
+        Ok(j.epochs_started)
+    }
+
+    /// Owners of the active members of `job`, by index, among `candidates`.
+    pub async fn members_by_index(
+        &mut self,
+        job: &Pubkey,
+        candidates: &[&Keypair],
+    ) -> Vec<Option<Pubkey>> {
+        let j: Job = self.state(job).await;
+        let mut out = vec![None; j.member_count as usize];
+        for c in candidates {
+            let addr = client::member_address(job, &c.pubkey());
+            if let Some(acc) = self.account(&addr).await
+                && let Ok(m) = Member::decode(&acc.data)
+                && m.status == MemberStatus::Active
+                && (m.index as usize) < out.len()
+            {
+                out[m.index as usize] = Some(c.pubkey());
+            }
+        }
+        out
+    }
+
+    /// The witnesses of `epoch`, in seat order.
+    pub async fn witnesses(
+        &mut self,
+        job: &Pubkey,
+        epoch: u32,
+        candidates: &[&Keypair],
+    ) -> Vec<Pubkey> {
+        let e: Epoch = self.state(&client::epoch_address(job, epoch)).await;
+        let j: Job = self.state(job).await;
+        let by_index = self.members_by_index(job, candidates).await;
+        Committee::new(&e.seed, e.members_at_start, j.spec.witness_count)
+            .members()
+            .filter_map(|i| by_index.get(i as usize).copied().flatten())
+            .collect()
+    }
+}
+
+/// The contribution tree witnesses build: cumulative points per node, sorted by key.
+pub fn tree(points: &[(Pubkey, u64)]) -> MerkleTree {
+    let mut v = points.to_vec();
+    v.sort();
+    MerkleTree::new(&v).unwrap()
+}
+
+pub fn proof_for(points: &[(Pubkey, u64)], who: &Pubkey) -> (u64, Vec<[u8; 32]>) {
+    let mut v = points.to_vec();
+    v.sort();
+    let t = MerkleTree::new(&v).unwrap();
+    let i = v.iter().position(|(k, _)| k == who).unwrap();
+    (v[i].1, t.proof(i).unwrap())
+}
+
+pub fn find<'a>(keys: &'a [Keypair], k: &Pubkey) -> &'a Keypair {
+    keys.iter().find(|x| x.pubkey() == *k).unwrap()
+}
+
+/// Asserts the transaction failed with exactly this Cohort error.
+#[track_caller]
+pub fn assert_err(res: Result<(), BanksClientError>, want: CohortError) {
+    match res {
+        Err(BanksClientError::TransactionError(TransactionError::InstructionError(
+            _,
+            InstructionError::Custom(code),
+        ))) => {
+            assert_eq!(CohortError::from_code(code), Some(want), "got code {code}");
+        }
+        other => panic!("expected {want:?}, got {other:?}"),
+    }
+}

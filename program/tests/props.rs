@@ -1,0 +1,277 @@
+//! Property tests: random instruction sequences against a real bank, and
+//! random bytes against the instruction decoder and processor.
+
+mod common;
+
+use cohort_program::client;
+use cohort_program::error::CohortError;
+use cohort_program::instruction::CohortInstruction;
+use cohort_program::processor::process_instruction;
+use cohort_program::state::*;
+use common::*;
+use proptest::prelude::*;
+use solana_program::account_info::AccountInfo;
+use solana_program::program_error::ProgramError;
+use solana_sdk::pubkey::Pubkey;
+use solana_sdk::signature::{Keypair, Signer};
+
+#[derive(Debug, Clone)]
+enum Op {
+    Join(usize),
+    Leave(usize),
+    Start,
+    /// Honest witnesses attest; each member earns `steps - (i * skew) % steps` points.
+    Attest(usize, u64),
+    Claim(usize),
+    Cancel,
+    Expire,
+    Advance(i64),
+    Fraud(usize),
+    CloseMember(usize),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        2 => (0..5usize).prop_map(Op::Join),
+        1 => (0..5usize).prop_map(Op::Leave),
+        4 => Just(Op::Start),
+        8 => ((0..3usize), (0..4u64)).prop_map(|(w, s)| Op::Attest(w, s)),
+        4 => (0..5usize).prop_map(Op::Claim),
+        1 => Just(Op::Cancel),
+        1 => Just(Op::Expire),
+        1 => prop_oneof![Just(60i64), Just(4_000i64)].prop_map(Op::Advance),
+        1 => (0..5usize).prop_map(Op::Fraud),
+        1 => (0..5usize).prop_map(Op::CloseMember),
+    ]
+}
+
+/// Runs `ops`; the harness asserts conservation and rent exemption after each
+/// transaction, and this asserts no member was ever paid beyond its share.
+async fn run(ops: Vec<Op>) {
+    let mut env = Env::new().await;
+    let requester = env.user(10 * SOL).await;
+    let mut nodes = Vec::new();
+    for _ in 0..5 {
+        let n = env.user(SOL).await;
+        env.register(&n, PRICE, 5_000, STAKE).await.unwrap();
+        nodes.push(n);
+    }
+    let s = spec();
+    let job = env
+        .create_job(&requester, 1, s, s.full_budget().unwrap())
+        .await
+        .unwrap();
+    for n in &nodes[..3] {
+        env.join(n, &job).await.unwrap();
+    }
+    // Ground truth: cumulative points each node earned per honest witnesses.
+    let mut cumulative: Vec<(Pubkey, u64)> = nodes.iter().map(|n| (n.pubkey(), 0)).collect();
+    let mut pending: Option<(u32, Vec<(Pubkey, u64)>)> = None;
+    let refs: Vec<&Keypair> = nodes.iter().collect();
+    for op in ops {
+        let j: Job = match env.account(&job).await {
+            Some(acc) if acc.owner == cohort_program::ID => Job::decode(&acc.data).unwrap(),
+            _ => break,
+        };
+        let by_index = env.members_by_index(&job, &refs).await;
+        let last = by_index.last().copied().flatten();
+        let _ = match op {
+            Op::Join(i) => env.join(&nodes[i], &job).await,
+            Op::Leave(i) => {
+                let Some(last) = last else { continue };
+                env.send(
+                    &[client::leave_job(&nodes[i].pubkey(), &job, &last)],
+                    &[&nodes[i]],
+                )
+                .await
+            }
+            Op::Start => {
+                let r = env.start_epoch(&job).await;
+                if let Ok(e) = r {
+                    // Members active at start earn points this epoch.
+                    let mut next = cumulative.clone();
+                    for (k, p) in next.iter_mut() {
+                        if by_index.contains(&Some(*k)) {
+                            *p += s.steps_per_epoch as u64 / 2;
+                        }
+                    }
+                    pending = Some((e, next));
+                }
+                r.map(|_| ())
+            }
+            Op::Attest(seat, skew) => {
+                let Some((e, next)) = pending.clone() else {
+                    continue;
+                };
+                let mut pts = next.clone();
+                // A dishonest minority vote differs in points; honest ones agree.
+                if skew == 3 {
+                    pts[0].1 += 1;
+                }
+                let t = tree(&pts);
+                let ws = env.witnesses(&job, e, &refs).await;
+                let Some(w) = ws.get(seat) else { continue };
+                let ix = client::attest_epoch(
+                    w,
+                    &job,
+                    &requester.pubkey(),
+                    e,
+                    [1; 32],
+                    t.root(),
+                    t.total(),
+                );
+                let r = env.send(&[ix], &[find(&nodes, w)]).await;
+                let ep: Epoch = env.state(&client::epoch_address(&job, e)).await;
+                if ep.finalized && pending.is_some() {
+                    let final_root = ep.root;
+                    if final_root == tree(&next).root() {
+                        cumulative = next;
+                    } else {
+                        cumulative = pts;
+                    }
+                    pending = None;
+                }
+                r
+            }
+            Op::Claim(i) => {
+                let (p, proof) = proof_for(&cumulative, &nodes[i].pubkey());
+                env.send(
+                    &[client::claim(&nodes[i].pubkey(), &job, p, proof)],
+                    &[&nodes[i]],
+                )
+                .await
+            }
+            Op::Cancel => {
+                env.send(
+                    &[client::cancel_job(&requester.pubkey(), &job)],
+                    &[&requester],
+                )
+                .await
+            }
+            Op::Expire => {
+                env.send(&[client::expire_job(&job, &requester.pubkey())], &[])
+                    .await
+            }
+            Op::Advance(secs) => {
+                env.advance(secs);
+                continue;
+            }
+            Op::Fraud(i) => {
+                let (Some(e), Some(last)) = (j.current_epoch(), last) else {
+                    continue;
+                };
+                let ws = env.witnesses(&job, e, &refs).await;
+                let signers: Vec<&Keypair> = ws.iter().map(|w| find(&nodes, w)).collect();
+                let ix = client::report_fraud(&job, e, &nodes[i].pubkey(), &last, &ws, [9; 32]);
+                env.send(&[ix], &signers).await
+            }
+            Op::CloseMember(i) => {
+                env.send(
+                    &[client::close_member(&nodes[i].pubkey(), &job)],
+                    &[&nodes[i]],
+                )
+                .await
+            }
+        };
+        if let Some(acc) = env.account(&job).await
+            && let Ok(j) = Job::decode(&acc.data)
+        {
+            assert!(j.paid_out <= j.owed, "paid beyond owed");
+            assert!(
+                j.owed + j.reserve + j.refunded <= j.deposit + j.slashed,
+                "owed beyond deposit"
+            );
+            for (k, p) in &cumulative {
+                if let Some(acc) = env.account(&client::member_address(&job, k)).await
+                    && let Ok(m) = Member::decode(&acc.data)
+                {
+                    // Over-attested points (the skewed minority) never finalize alone.
+                    let share = j.points_value(*p + 1).unwrap();
+                    assert!(
+                        m.claimed <= share,
+                        "member {k} paid {} > share {share}",
+                        m.claimed
+                    );
+                }
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_instruction_sequences_conserve_lamports(ops in prop::collection::vec(op(), 10..40)) {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(run(ops));
+    }
+}
+
+fn call(
+    data: &[u8],
+    accounts: &mut [(Pubkey, u64, Vec<u8>, Pubkey, bool)],
+) -> Result<(), ProgramError> {
+    let infos: Vec<AccountInfo> = accounts
+        .iter_mut()
+        .map(|(key, lamports, data, owner, signer)| {
+            AccountInfo::new(key, *signer, true, lamports, data, owner, false)
+        })
+        .collect();
+    process_instruction(&cohort_program::ID, &infos, data)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2_000, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// Random bytes never panic the decoder, and whatever decodes re-encodes to the same bytes.
+    #[test]
+    fn malformed_instruction_data_is_an_error_never_a_panic(data in prop::collection::vec(any::<u8>(), 0..400)) {
+        match CohortInstruction::unpack(&data) {
+            Ok(ix) => prop_assert_eq!(ix.pack(), data),
+            Err(_) => {
+                let r = call(&data, &mut []);
+                prop_assert_eq!(r, Err(CohortError::InvalidInstruction.into()));
+            }
+        }
+    }
+
+    /// Valid tags with random accounts (random owners, random data) fail cleanly.
+    #[test]
+    fn random_accounts_are_an_error_never_a_panic(
+        tag in 0u8..16,
+        tail in prop::collection::vec(any::<u8>(), 0..300),
+        account_data in prop::collection::vec(prop::collection::vec(any::<u8>(), 0..700), 0..9),
+        owned in prop::collection::vec(any::<bool>(), 9),
+    ) {
+        let mut data = vec![tag];
+        data.extend_from_slice(&tail);
+        let mut accounts: Vec<_> = account_data
+            .into_iter()
+            .enumerate()
+            .map(|(i, d)| {
+                let owner = if owned[i] { cohort_program::ID } else { Pubkey::new_unique() };
+                (Pubkey::new_unique(), 1_000_000u64, d, owner, true)
+            })
+            .collect();
+        let _ = call(&data, &mut accounts);
+    }
+}
+
+#[tokio::test]
+async fn malformed_instruction_in_a_real_transaction_is_invalid_instruction() {
+    let mut env = Env::new().await;
+    for data in [
+        vec![],
+        vec![255],
+        vec![0, 1, 2],
+        CohortInstruction::StartEpoch.pack().repeat(2),
+    ] {
+        let ix = solana_sdk::instruction::Instruction {
+            program_id: cohort_program::ID,
+            accounts: vec![],
+            data,
+        };
+        assert_err(env.send(&[ix], &[]).await, CohortError::InvalidInstruction);
+    }
+}
