@@ -1,7 +1,25 @@
 //! Cohort's training engine.
 //!
-//! For now it holds the contribution ledger, the bridge from training to the
-//! chain: what each member contributed, turned into the Merkle root and digest
-//! witnesses attest. The model, compressor and P2P layers build on it.
+//! Master weights live on the CPU in f32 ([`params`]); gradients are computed
+//! on CUDA, wgpu or the CPU ([`backend`]) for a byte-level transformer
+//! ([`model`]) on batches anyone can recompute ([`data`]); updates are
+//! compressed DeMo-style ([`dct`], [`compress`]) into a versioned wire format
+//! ([`wire`]) and applied in a fixed order ([`optim`]) so every honest node
+//! holds the same weights. [`trainer`] ties it together; [`runner`] runs N
+//! members in one process; [`ledger`] turns contributions into the Merkle
+//! roots witnesses attest on chain.
 
+pub mod backend;
+pub mod compress;
+pub mod data;
+pub mod dct;
+pub mod error;
 pub mod ledger;
+pub mod model;
+pub mod optim;
+pub mod params;
+pub mod wire;
+
+pub use error::EngineError;
+pub mod runner;
+pub mod trainer;

@@ -1,0 +1,419 @@
+//! DeMo/DisTrO-style compression: momentum with decay, DCT over fixed chunks,
+//! top-k per chunk sent as 1-bit signs plus indices, error feedback; and the
+//! decoder that turns members' sparse signs into one update direction.
+
+use crate::dct::{Dct, Tiling};
+use crate::error::EngineError;
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CompressConfig {
+    /// Largest chunk side; 64 gives the 64 x 64 chunks of DisTrO.
+    pub max_chunk: usize,
+    /// Coefficients kept per chunk.
+    pub topk: usize,
+    /// Momentum decay (beta).
+    pub decay: f32,
+}
+
+impl Default for CompressConfig {
+    fn default() -> Self {
+        Self {
+            max_chunk: 64,
+            topk: 4,
+            decay: 0.995,
+        }
+    }
+}
+
+/// The chunking of every parameter, shared by encoder, decoder and wire format.
+#[derive(Debug, Clone)]
+pub struct Layout {
+    pub dcts: Vec<Dct>,
+    pub topk: Vec<usize>,
+}
+
+impl Layout {
+    pub fn new(shapes: &[Vec<usize>], cfg: &CompressConfig) -> Self {
+        let dcts: Vec<Dct> = shapes
+            .iter()
+            .map(|s| Dct::new(Tiling::new(s, cfg.max_chunk)))
+            .collect();
+        let topk = dcts
+            .iter()
+            .map(|d| cfg.topk.min(d.tiling.chunk_size()))
+            .collect();
+        Self { dcts, topk }
+    }
+
+    pub fn numel(&self, p: usize) -> usize {
+        self.dcts[p].tiling.rows * self.dcts[p].tiling.cols
+    }
+
+    pub fn total_numel(&self) -> usize {
+        (0..self.dcts.len()).map(|p| self.numel(p)).sum()
+    }
+}
+
+/// One parameter's kept coefficients: `k` per chunk, chunk-major, indices
+/// strictly ascending within a chunk (canonical, so nobody can vote twice
+/// for one coefficient).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SparseSigns {
+    pub idx: Vec<u16>,
+    /// true = negative.
+    pub neg: Vec<bool>,
+}
+
+/// A member's compressed update for one step: one `SparseSigns` per parameter.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Payload {
+    pub params: Vec<SparseSigns>,
+}
+
+impl Payload {
+    /// Checks the payload fits `layout`: counts, index range, canonical order.
+    pub fn validate(&self, layout: &Layout) -> Result<(), EngineError> {
+        if self.params.len() != layout.dcts.len() {
+            return Err(EngineError::Shape(format!(
+                "payload has {} parameters, model has {}",
+                self.params.len(),
+                layout.dcts.len()
+            )));
+        }
+        for (p, s) in self.params.iter().enumerate() {
+            let (k, t) = (layout.topk[p], &layout.dcts[p].tiling);
+            let want = t.chunks() * k;
+            if s.idx.len() != want || s.neg.len() != want {
+                return Err(EngineError::Shape(format!(
+                    "parameter {p}: {} entries, expected {want}",
+                    s.idx.len()
+                )));
+            }
+            for chunk in s.idx.chunks(k) {
+                if chunk.iter().any(|&i| i as usize >= t.chunk_size())
+                    || chunk.windows(2).any(|w| w[0] >= w[1])
+                {
+                    return Err(EngineError::Shape(format!(
+                        "parameter {p}: indices out of range or not ascending"
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A member's compressor state: its momentum, which keeps what was not sent.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Compressor {
+    pub cfg: CompressConfig,
+    pub momentum: Vec<Vec<f32>>,
+}
+
+impl Compressor {
+    pub fn new(layout: &Layout, cfg: CompressConfig) -> Self {
+        Self {
+            cfg,
+            momentum: (0..layout.dcts.len())
+                .map(|p| vec![0.0; layout.numel(p)])
+                .collect(),
+        }
+    }
+
+    /// Folds `grads` into the momentum and extracts its top-k DCT components,
+    /// removing them from the momentum (error feedback). Non-finite gradients
+    /// are refused before anything changes.
+    pub fn compress(
+        &mut self,
+        layout: &Layout,
+        grads: &[Vec<f32>],
+    ) -> Result<Payload, EngineError> {
+        if grads.len() != self.momentum.len() {
+            return Err(EngineError::Shape(format!(
+                "{} gradients for {} parameters",
+                grads.len(),
+                self.momentum.len()
+            )));
+        }
+        for (p, g) in grads.iter().enumerate() {
+            if g.len() != self.momentum[p].len() {
+                return Err(EngineError::Shape(format!(
+                    "gradient {p} has {} values, expected {}",
+                    g.len(),
+                    self.momentum[p].len()
+                )));
+            }
+            if g.iter().any(|v| !v.is_finite()) {
+                return Err(EngineError::NonFinite(format!("gradient of parameter {p}")));
+            }
+        }
+        let decay = self.cfg.decay;
+        let mut params = Vec::with_capacity(grads.len());
+        let mut coef = Vec::new();
+        let mut tmp = Vec::new();
+        let mut order: Vec<u16> = Vec::new();
+        for (p, g) in grads.iter().enumerate() {
+            let m = &mut self.momentum[p];
+            for (mi, gi) in m.iter_mut().zip(g) {
+                *mi = decay * *mi + gi;
+            }
+            let dct = &layout.dcts[p];
+            let k = layout.topk[p];
+            let size = dct.tiling.chunk_size();
+            coef.resize(size, 0.0);
+            let mut out = SparseSigns::default();
+            for ch in 0..dct.tiling.chunks() {
+                dct.forward_chunk(m, ch, &mut coef, &mut tmp);
+                order.clear();
+                order.extend(0..size as u16);
+                // Largest magnitude first; ties broken by index so every
+                // implementation keeps the same coefficients.
+                order.select_nth_unstable_by(k - 1, |&a, &b| {
+                    coef[b as usize]
+                        .abs()
+                        .total_cmp(&coef[a as usize].abs())
+                        .then(a.cmp(&b))
+                });
+                let kept = &mut order[..k];
+                kept.sort_unstable();
+                for &i in kept.iter() {
+                    let v = coef[i as usize];
+                    out.idx.push(i);
+                    out.neg.push(v < 0.0);
+                    dct.add_basis(m, ch, i as usize, -v);
+                }
+            }
+            params.push(out);
+        }
+        Ok(Payload { params })
+    }
+}
+
+/// Sums members' signs per coefficient (integer votes, weighted), inverse-DCTs
+/// the sparse sums and takes the sign: the update direction every node applies.
+/// Integer sums make the result independent of the members' order; the basis
+/// functions are added in ascending coefficient order, so it is bit-identical
+/// on every node.
+pub fn aggregate(layout: &Layout, contributions: &[(&Payload, i32)]) -> Vec<Vec<f32>> {
+    let mut dirs = Vec::with_capacity(layout.dcts.len());
+    let mut votes: Vec<i32> = Vec::new();
+    let mut touched: Vec<u16> = Vec::new();
+    for (p, dct) in layout.dcts.iter().enumerate() {
+        let k = layout.topk[p];
+        let mut x = vec![0f32; layout.numel(p)];
+        votes.clear();
+        votes.resize(dct.tiling.chunk_size(), 0);
+        for ch in 0..dct.tiling.chunks() {
+            touched.clear();
+            for (payload, weight) in contributions {
+                let s = &payload.params[p];
+                let range = ch * k..(ch + 1) * k;
+                for (i, neg) in s.idx[range.clone()].iter().zip(&s.neg[range]) {
+                    if votes[*i as usize] == 0 {
+                        touched.push(*i);
+                    }
+                    votes[*i as usize] += if *neg { -weight } else { *weight };
+                }
+            }
+            touched.sort_unstable();
+            touched.dedup();
+            for &i in &touched {
+                let v = votes[i as usize];
+                if v != 0 {
+                    dct.add_basis(&mut x, ch, i as usize, v as f32);
+                }
+                votes[i as usize] = 0;
+            }
+        }
+        for v in x.iter_mut() {
+            *v = if *v > 0.0 {
+                1.0
+            } else if *v < 0.0 {
+                -1.0
+            } else {
+                0.0
+            };
+        }
+        dirs.push(x);
+    }
+    dirs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rand_vec(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    /// The reference: dense DCT of the whole chunk, sort every coefficient,
+    /// keep the k largest, subtract them by a dense inverse.
+    fn naive(m: &mut [f32], dct: &Dct, k: usize) -> SparseSigns {
+        let size = dct.tiling.chunk_size();
+        let mut out = SparseSigns::default();
+        let mut coef = vec![0f32; size];
+        let mut tmp = Vec::new();
+        for ch in 0..dct.tiling.chunks() {
+            dct.forward_chunk(m, ch, &mut coef, &mut tmp);
+            let mut all: Vec<(f32, usize)> =
+                coef.iter().enumerate().map(|(i, v)| (v.abs(), i)).collect();
+            all.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+            let mut kept: Vec<usize> = all[..k].iter().map(|x| x.1).collect();
+            kept.sort();
+            let mut rest = coef.clone();
+            for &i in &kept {
+                out.idx.push(i as u16);
+                out.neg.push(coef[i] < 0.0);
+                rest[i] = 0.0;
+            }
+            dct.inverse_chunk(&rest, ch, m, &mut tmp);
+        }
+        out
+    }
+
+    #[test]
+    fn compressor_matches_the_naive_reference() {
+        let shapes = vec![vec![128, 64], vec![64], vec![96, 40]];
+        let cfg = CompressConfig {
+            max_chunk: 32,
+            topk: 5,
+            decay: 0.9,
+        };
+        let layout = Layout::new(&shapes, &cfg);
+        let mut c = Compressor::new(&layout, cfg);
+        let mut reference: Vec<Vec<f32>> = c.momentum.clone();
+        for step in 0..3 {
+            let grads: Vec<Vec<f32>> = (0..3)
+                .map(|p| rand_vec(layout.numel(p), 10 * step + p as u64))
+                .collect();
+            let payload = c.compress(&layout, &grads).unwrap();
+            payload.validate(&layout).unwrap();
+            for p in 0..3 {
+                for (m, g) in reference[p].iter_mut().zip(&grads[p]) {
+                    *m = 0.9 * *m + g;
+                }
+                let want = naive(&mut reference[p], &layout.dcts[p], layout.topk[p]);
+                assert_eq!(payload.params[p], want, "step {step} param {p}");
+                let err = reference[p]
+                    .iter()
+                    .zip(&c.momentum[p])
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0f32, f32::max);
+                assert!(err < 1e-4, "momentum drift {err}");
+            }
+        }
+    }
+
+    #[test]
+    fn error_feedback_keeps_what_was_not_sent() {
+        let shapes = vec![vec![64, 64]];
+        let cfg = CompressConfig {
+            max_chunk: 64,
+            topk: 4,
+            decay: 1.0,
+        };
+        let layout = Layout::new(&shapes, &cfg);
+        let mut c = Compressor::new(&layout, cfg);
+        let g = vec![rand_vec(4096, 1)];
+        let energy = |v: &[f32]| v.iter().map(|x| x * x).sum::<f32>();
+        c.compress(&layout, &g).unwrap();
+        // Only 4 of 4096 coefficients left: most of the energy stays in momentum.
+        let kept = energy(&c.momentum[0]) / energy(&g[0]);
+        assert!(kept > 0.9 && kept < 1.0, "{kept}");
+    }
+
+    #[test]
+    fn aggregate_is_order_independent_and_majority_wins() {
+        let shapes = vec![vec![64, 64]];
+        let cfg = CompressConfig::default();
+        let layout = Layout::new(&shapes, &cfg);
+        let p1 = Payload {
+            params: vec![SparseSigns {
+                idx: vec![0, 1, 2, 3],
+                neg: vec![false, false, true, false],
+            }],
+        };
+        let p2 = Payload {
+            params: vec![SparseSigns {
+                idx: vec![0, 1, 2, 3],
+                neg: vec![false, true, true, false],
+            }],
+        };
+        let p3 = Payload {
+            params: vec![SparseSigns {
+                idx: vec![0, 5, 6, 7],
+                neg: vec![true, true, true, true],
+            }],
+        };
+        let a = aggregate(&layout, &[(&p1, 1), (&p2, 1), (&p3, 1)]);
+        let b = aggregate(&layout, &[(&p3, 1), (&p1, 1), (&p2, 1)]);
+        assert_eq!(a, b);
+        assert!(a[0].iter().all(|v| [-1.0, 0.0, 1.0].contains(v)));
+        // A single coefficient voted by everyone gives a pure (signed) basis function.
+        let only = Payload {
+            params: vec![SparseSigns {
+                idx: vec![0, 1, 2, 3],
+                neg: vec![true; 4],
+            }],
+        };
+        let d = aggregate(&layout, &[(&only, 3)]);
+        assert!(d[0][0] < 0.0);
+    }
+
+    #[test]
+    fn non_finite_gradients_change_nothing() {
+        let shapes = vec![vec![8, 8]];
+        let cfg = CompressConfig::default();
+        let layout = Layout::new(&shapes, &cfg);
+        let mut c = Compressor::new(&layout, cfg);
+        let before = c.clone();
+        let mut g = vec![vec![0.5f32; 64]];
+        g[0][7] = f32::NAN;
+        assert!(matches!(
+            c.compress(&layout, &g),
+            Err(EngineError::NonFinite(_))
+        ));
+        g[0][7] = f32::INFINITY;
+        assert!(matches!(
+            c.compress(&layout, &g),
+            Err(EngineError::NonFinite(_))
+        ));
+        assert_eq!(c, before);
+    }
+
+    #[test]
+    fn invalid_payloads_are_refused() {
+        let layout = Layout::new(&[vec![64, 64]], &CompressConfig::default());
+        let good = SparseSigns {
+            idx: vec![1, 2, 3, 4],
+            neg: vec![false; 4],
+        };
+        assert!(
+            Payload {
+                params: vec![good.clone()]
+            }
+            .validate(&layout)
+            .is_ok()
+        );
+        assert!(Payload { params: vec![] }.validate(&layout).is_err());
+        let dup = SparseSigns {
+            idx: vec![1, 1, 3, 4],
+            neg: vec![false; 4],
+        };
+        assert!(Payload { params: vec![dup] }.validate(&layout).is_err());
+        let out = SparseSigns {
+            idx: vec![1, 2, 3, 4096],
+            neg: vec![false; 4],
+        };
+        assert!(Payload { params: vec![out] }.validate(&layout).is_err());
+    }
+}

@@ -1,0 +1,414 @@
+//! One member's training state and the API the P2P layer and the app drive:
+//! compute this step's contribution, apply the step's agreed contributions,
+//! checkpoint and restore.
+
+use crate::backend::GradientEngine;
+use crate::compress::{CompressConfig, Compressor, Layout, aggregate};
+use crate::data::{self, Corpus};
+use crate::error::EngineError;
+use crate::model::ModelConfig;
+use crate::optim::{LrSchedule, sign_sgd_step};
+use crate::params::ParamSet;
+use crate::wire::Contribution;
+use std::io::Write;
+use std::path::Path;
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TrainConfig {
+    pub model: ModelConfig,
+    pub compress: CompressConfig,
+    pub lr: LrSchedule,
+    pub weight_decay: f32,
+    /// Sequences per member per step.
+    pub batch: usize,
+    /// Sequences per forward pass; gradients of micro-batches are averaged.
+    /// Lower it to fit a smaller GPU: the result is the same update.
+    pub micro_batch: usize,
+}
+
+impl TrainConfig {
+    pub fn small(total_steps: u32) -> Self {
+        Self {
+            model: ModelConfig::tiny(),
+            compress: CompressConfig::default(),
+            lr: LrSchedule {
+                base: 2e-3,
+                warmup: total_steps / 20 + 1,
+                total: total_steps,
+                min_ratio: 0.1,
+            },
+            weight_decay: 0.1,
+            batch: 8,
+            micro_batch: 8,
+        }
+    }
+}
+
+/// Who this trainer is within a job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Identity {
+    pub job: [u8; 32],
+    pub member: [u8; 32],
+    /// Index among the epoch's members: selects this member's batches.
+    pub index: u32,
+}
+
+pub struct Trainer {
+    pub cfg: TrainConfig,
+    pub id: Identity,
+    layout: Layout,
+    params: ParamSet,
+    compressor: Compressor,
+    /// Updates applied so far; the next contribution is for this step.
+    step: u32,
+    engine: Box<dyn GradientEngine>,
+    corpus: Corpus,
+}
+
+/// What a member computed for one step, besides the contribution itself.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepStats {
+    pub loss: f32,
+    pub compute_secs: f64,
+}
+
+impl Trainer {
+    /// A fresh member: weights from `init_seed`, zero momentum, step 0.
+    pub fn new(
+        cfg: TrainConfig,
+        init_seed: &[u8; 32],
+        corpus: Corpus,
+        engine: Box<dyn GradientEngine>,
+        id: Identity,
+    ) -> Result<Self, EngineError> {
+        cfg.model.validate()?;
+        if cfg.batch == 0 || cfg.micro_batch == 0 || !cfg.batch.is_multiple_of(cfg.micro_batch) {
+            return Err(EngineError::Config(format!(
+                "batch {} must be a positive multiple of micro-batch {}",
+                cfg.batch, cfg.micro_batch
+            )));
+        }
+        let params = cfg.model.init(init_seed);
+        let layout = Layout::new(&params.shapes, &cfg.compress);
+        let compressor = Compressor::new(&layout, cfg.compress);
+        Ok(Self {
+            cfg,
+            id,
+            layout,
+            params,
+            compressor,
+            step: 0,
+            engine,
+            corpus,
+        })
+    }
+
+    pub fn step(&self) -> u32 {
+        self.step
+    }
+    pub fn params(&self) -> &ParamSet {
+        &self.params
+    }
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+    pub fn model_hash(&self) -> [u8; 32] {
+        self.params.model_hash()
+    }
+    pub fn backend(&self) -> &'static str {
+        self.engine.kind().name()
+    }
+    pub fn corpus(&self) -> &Corpus {
+        &self.corpus
+    }
+
+    fn momentum_hash(&self) -> [u8; 32] {
+        let mut h = blake3::Hasher::new();
+        h.update(b"cohort-momentum-v1");
+        for m in &self.compressor.momentum {
+            for v in m {
+                h.update(&v.to_le_bytes());
+            }
+        }
+        *h.finalize().as_bytes()
+    }
+
+    /// Loss and gradients on this member's batch for `(epoch, step)` at the
+    /// current weights, averaged over micro-batches.
+    pub fn gradients(
+        &mut self,
+        seed: &[u8; 32],
+        epoch: u32,
+    ) -> Result<(f32, Vec<Vec<f32>>), EngineError> {
+        let (b, mb, t) = (self.cfg.batch, self.cfg.micro_batch, self.cfg.model.seq_len);
+        let train = self.corpus.train();
+        let offsets = data::batch_offsets(seed, epoch, self.step, self.id.index, b, t, train.len());
+        let mut total: Option<(f32, Vec<Vec<f32>>)> = None;
+        for part in offsets.chunks(mb) {
+            let (x, y) = data::windows(train, part, t);
+            let (loss, grads) =
+                self.engine
+                    .loss_and_grads(&self.cfg.model, &self.params, &x, &y, part.len())?;
+            total = Some(match total {
+                None => (loss, grads),
+                Some((l, mut acc)) => {
+                    for (a, g) in acc.iter_mut().zip(&grads) {
+                        for (ai, gi) in a.iter_mut().zip(g) {
+                            *ai += gi;
+                        }
+                    }
+                    (l + loss, acc)
+                }
+            });
+        }
+        let (loss, mut grads) = total.ok_or_else(|| EngineError::Config("empty batch".into()))?;
+        let parts = (b / mb) as f32;
+        if parts > 1.0 {
+            grads.iter_mut().flatten().for_each(|g| *g /= parts);
+        }
+        Ok((loss / parts, grads))
+    }
+
+    /// This member's contribution for the current step: gradient on its
+    /// assigned batch, folded into momentum, compressed.
+    pub fn compute(
+        &mut self,
+        seed: &[u8; 32],
+        epoch: u32,
+    ) -> Result<(Contribution, StepStats), EngineError> {
+        let started = std::time::Instant::now();
+        let (loss, grads) = self.gradients(seed, epoch)?;
+        if !loss.is_finite() {
+            return Err(EngineError::NonFinite("training loss".into()));
+        }
+        let momentum_hash = self.momentum_hash();
+        let payload = self.compressor.compress(&self.layout, &grads)?;
+        let c = Contribution {
+            job: self.id.job,
+            epoch,
+            step: self.step,
+            member: self.id.member,
+            train_loss: loss,
+            momentum_hash,
+            payload,
+        };
+        Ok((
+            c,
+            StepStats {
+                loss,
+                compute_secs: started.elapsed().as_secs_f64(),
+            },
+        ))
+    }
+
+    /// Applies the step's agreed contributions (all or none): majority of
+    /// signs in the DCT domain, inverse DCT, sign-SGD with weight decay.
+    pub fn apply(&mut self, contributions: &[Contribution]) -> Result<(), EngineError> {
+        let weighted: Vec<(&crate::compress::Payload, i32)> =
+            contributions.iter().map(|c| (&c.payload, 1)).collect();
+        self.apply_weighted(contributions, &weighted)
+    }
+
+    /// As [`Trainer::apply`], with an integer trust weight per contribution.
+    pub fn apply_weighted(
+        &mut self,
+        contributions: &[Contribution],
+        weighted: &[(&crate::compress::Payload, i32)],
+    ) -> Result<(), EngineError> {
+        for (i, c) in contributions.iter().enumerate() {
+            if c.step != self.step {
+                return Err(EngineError::Malformed(format!(
+                    "contribution for step {}, this node is at step {}",
+                    c.step, self.step
+                )));
+            }
+            if c.job != self.id.job {
+                return Err(EngineError::Malformed(
+                    "contribution for another job".into(),
+                ));
+            }
+            if contributions[..i].iter().any(|o| o.member == c.member) {
+                return Err(EngineError::Malformed(
+                    "two contributions from one member".into(),
+                ));
+            }
+            c.payload.validate(&self.layout)?;
+        }
+        let dirs = aggregate(&self.layout, weighted);
+        let lr = self.cfg.lr.at(self.step);
+        sign_sgd_step(&mut self.params.values, &dirs, lr, self.cfg.weight_decay);
+        self.step += 1;
+        Ok(())
+    }
+
+    /// Mean loss over `windows` fixed validation windows.
+    pub fn validation_loss(&mut self, windows: usize) -> Result<f32, EngineError> {
+        let t = self.cfg.model.seq_len;
+        let val = self.corpus.validation();
+        let offsets = data::validation_offsets(val.len(), t, windows);
+        let mut sum = 0.0;
+        let chunks = offsets
+            .chunks(self.cfg.micro_batch.max(1))
+            .collect::<Vec<_>>();
+        for part in &chunks {
+            let (x, y) = data::windows(val, part, t);
+            sum += self
+                .engine
+                .loss(&self.cfg.model, &self.params, &x, &y, part.len())?
+                * part.len() as f32;
+        }
+        Ok(sum / offsets.len() as f32)
+    }
+
+    /// Replaces the weights (a late joiner's catch-up from a verified checkpoint).
+    pub fn set_params(&mut self, params: ParamSet, step: u32) -> Result<(), EngineError> {
+        if params.shapes != self.params.shapes {
+            return Err(EngineError::Shape(
+                "checkpoint weights do not fit this model".into(),
+            ));
+        }
+        self.params = params;
+        self.step = step;
+        Ok(())
+    }
+
+    /// Weights, momentum and step, written atomically: a crash leaves the
+    /// previous checkpoint intact.
+    pub fn save(&self, path: &Path) -> Result<(), EngineError> {
+        let mut buf = Vec::with_capacity(8 * self.params.numel() + 256);
+        buf.extend_from_slice(CHECKPOINT_MAGIC);
+        buf.extend_from_slice(&CHECKPOINT_VERSION.to_le_bytes());
+        let arch = self.cfg.model.arch();
+        buf.extend_from_slice(&(arch.len() as u16).to_le_bytes());
+        buf.extend_from_slice(arch.as_bytes());
+        buf.extend_from_slice(&self.id.job);
+        buf.extend_from_slice(&self.step.to_le_bytes());
+        for set in [&self.params.values, &self.compressor.momentum] {
+            buf.extend_from_slice(&(set.len() as u32).to_le_bytes());
+            for v in set.iter() {
+                buf.extend_from_slice(&(v.len() as u64).to_le_bytes());
+                for x in v {
+                    buf.extend_from_slice(&x.to_le_bytes());
+                }
+            }
+        }
+        let sum = blake3::hash(&buf);
+        buf.extend_from_slice(sum.as_bytes());
+        let err = |e: std::io::Error| EngineError::Checkpoint {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        };
+        let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
+        {
+            let mut f = std::fs::File::create(&tmp).map_err(err)?;
+            f.write_all(&buf).map_err(err)?;
+            f.sync_all().map_err(err)?;
+        }
+        std::fs::rename(&tmp, path).map_err(err)?;
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
+            && let Ok(d) = std::fs::File::open(dir)
+        {
+            let _ = d.sync_all();
+        }
+        Ok(())
+    }
+
+    /// Restores weights, momentum and step. A corrupt file, another model or
+    /// another job is an error and changes nothing.
+    pub fn restore(&mut self, path: &Path) -> Result<(), EngineError> {
+        let fail = |reason: String| EngineError::Checkpoint {
+            path: path.display().to_string(),
+            reason,
+        };
+        let buf = std::fs::read(path).map_err(|e| fail(e.to_string()))?;
+        if buf.len() < CHECKPOINT_MAGIC.len() + 32 || &buf[..4] != CHECKPOINT_MAGIC {
+            return Err(fail("not a Cohort checkpoint".into()));
+        }
+        let (body, sum) = buf.split_at(buf.len() - 32);
+        if blake3::hash(body).as_bytes() != sum {
+            return Err(fail(
+                "checksum mismatch: the file is corrupt or truncated".into(),
+            ));
+        }
+        let mut r = Cur { b: body, p: 4 };
+        let version = r.u32().ok_or_else(|| fail("truncated".into()))?;
+        if version != CHECKPOINT_VERSION {
+            return Err(fail(format!(
+                "version {version}, this build reads {CHECKPOINT_VERSION}"
+            )));
+        }
+        let n = r.u16().ok_or_else(|| fail("truncated".into()))? as usize;
+        let arch = r
+            .take(n)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .ok_or_else(|| fail("truncated".into()))?;
+        if arch != self.cfg.model.arch() {
+            return Err(fail(format!(
+                "holds `{arch}`, this job trains `{}`",
+                self.cfg.model.arch()
+            )));
+        }
+        let job = r.take(32).ok_or_else(|| fail("truncated".into()))?;
+        if job != self.id.job {
+            return Err(fail("belongs to another job".into()));
+        }
+        let step = r.u32().ok_or_else(|| fail("truncated".into()))?;
+        let mut sets = Vec::new();
+        for _ in 0..2 {
+            let count = r.u32().ok_or_else(|| fail("truncated".into()))? as usize;
+            if count != self.params.values.len() {
+                return Err(fail(format!(
+                    "{count} tensors, model has {}",
+                    self.params.values.len()
+                )));
+            }
+            let mut set = Vec::with_capacity(count);
+            for (i, want) in self.params.values.iter().enumerate() {
+                let len = r.u64().ok_or_else(|| fail("truncated".into()))? as usize;
+                if len != want.len() {
+                    return Err(fail(format!(
+                        "tensor {i} has {len} values, expected {}",
+                        want.len()
+                    )));
+                }
+                let raw = r.take(len * 4).ok_or_else(|| fail("truncated".into()))?;
+                set.push(
+                    raw.chunks_exact(4)
+                        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                        .collect::<Vec<f32>>(),
+                );
+            }
+            sets.push(set);
+        }
+        let momentum = sets.pop().unwrap_or_default();
+        self.params.values = sets.pop().unwrap_or_default();
+        self.compressor.momentum = momentum;
+        self.step = step;
+        Ok(())
+    }
+}
+
+const CHECKPOINT_MAGIC: &[u8; 4] = b"CHKP";
+const CHECKPOINT_VERSION: u32 = 1;
+
+struct Cur<'a> {
+    b: &'a [u8],
+    p: usize,
+}
+
+impl<'a> Cur<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        let s = self.b.get(self.p..self.p.checked_add(n)?)?;
+        self.p += n;
+        Some(s)
+    }
+    fn u16(&mut self) -> Option<u16> {
+        Some(u16::from_le_bytes(self.take(2)?.try_into().ok()?))
+    }
+    fn u32(&mut self) -> Option<u32> {
+        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
+    }
+    fn u64(&mut self) -> Option<u64> {
+        Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
+    }
+}

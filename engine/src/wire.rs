@@ -1,0 +1,341 @@
+//! Wire format of a contribution, version 1. Little-endian; every size exact.
+//!
+//! ```text
+//! contribution := magic "CHC" | version u8 | job [32] | epoch u32 | step u32
+//!                 | member [32] | train_loss f32 | momentum_hash [32]
+//!                 | payload_len u32 | payload
+//! payload      := param_count u16 | per parameter:
+//!                   chunks u32 | chunk_size u16 | k u8
+//!                   | ceil(chunks * k * (index_bits + 1) / 8) bytes of
+//!                     (index, sign) pairs, LSB-first, index_bits = ceil(log2(chunk_size))
+//! ```
+//! The receiver checks every count against its own model layout, so a payload
+//! for another shape is refused rather than misread.
+
+use crate::compress::{Layout, Payload, SparseSigns};
+use crate::error::EngineError;
+
+pub const VERSION: u8 = 1;
+const MAGIC: &[u8; 3] = b"CHC";
+/// Bytes of a contribution before its payload.
+pub const HEADER_LEN: usize = 3 + 1 + 32 + 4 + 4 + 32 + 4 + 32 + 4;
+
+/// A member's contribution for one step, as sent and as committed to.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Contribution {
+    pub job: [u8; 32],
+    pub epoch: u32,
+    pub step: u32,
+    pub member: [u8; 32],
+    pub train_loss: f32,
+    /// Hash of the member's momentum before this step (for audits).
+    pub momentum_hash: [u8; 32],
+    pub payload: Payload,
+}
+
+fn index_bits(chunk_size: usize) -> u32 {
+    usize::BITS - (chunk_size.max(2) - 1).leading_zeros()
+}
+
+/// Exact encoded size of a payload for `layout`, without encoding it.
+pub fn payload_len(layout: &Layout) -> usize {
+    2 + (0..layout.dcts.len())
+        .map(|p| {
+            let t = &layout.dcts[p].tiling;
+            let bits = t.chunks() * layout.topk[p] * (index_bits(t.chunk_size()) as usize + 1);
+            4 + 2 + 1 + bits.div_ceil(8)
+        })
+        .sum::<usize>()
+}
+
+struct BitWriter {
+    out: Vec<u8>,
+    acc: u64,
+    n: u32,
+}
+
+impl BitWriter {
+    fn put(&mut self, v: u64, bits: u32) {
+        self.acc |= v << self.n;
+        self.n += bits;
+        while self.n >= 8 {
+            self.out.push(self.acc as u8);
+            self.acc >>= 8;
+            self.n -= 8;
+        }
+    }
+    fn flush(&mut self) {
+        if self.n > 0 {
+            self.out.push(self.acc as u8);
+        }
+        self.acc = 0;
+        self.n = 0;
+    }
+}
+
+pub fn encode_payload(p: &Payload, layout: &Layout) -> Vec<u8> {
+    let mut w = BitWriter {
+        out: Vec::with_capacity(payload_len(layout)),
+        acc: 0,
+        n: 0,
+    };
+    w.out
+        .extend_from_slice(&(p.params.len() as u16).to_le_bytes());
+    for (i, s) in p.params.iter().enumerate() {
+        let t = &layout.dcts[i].tiling;
+        w.out.extend_from_slice(&(t.chunks() as u32).to_le_bytes());
+        w.out
+            .extend_from_slice(&(t.chunk_size() as u16).to_le_bytes());
+        w.out.push(layout.topk[i] as u8);
+        let bits = index_bits(t.chunk_size());
+        for (idx, neg) in s.idx.iter().zip(&s.neg) {
+            w.put(*idx as u64 | ((*neg as u64) << bits), bits + 1);
+        }
+        w.flush();
+    }
+    w.out
+}
+
+struct Cursor<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], EngineError> {
+        let end = self.pos.checked_add(n).filter(|e| *e <= self.buf.len());
+        let end = end.ok_or_else(|| {
+            EngineError::Malformed(format!("truncated at byte {} (wanted {n} more)", self.pos))
+        })?;
+        let s = &self.buf[self.pos..end];
+        self.pos = end;
+        Ok(s)
+    }
+    fn arr<const N: usize>(&mut self) -> Result<[u8; N], EngineError> {
+        let mut a = [0u8; N];
+        a.copy_from_slice(self.take(N)?);
+        Ok(a)
+    }
+    fn u16(&mut self) -> Result<u16, EngineError> {
+        Ok(u16::from_le_bytes(self.arr()?))
+    }
+    fn u32(&mut self) -> Result<u32, EngineError> {
+        Ok(u32::from_le_bytes(self.arr()?))
+    }
+}
+
+pub fn decode_payload(buf: &[u8], layout: &Layout) -> Result<Payload, EngineError> {
+    let mut c = Cursor { buf, pos: 0 };
+    let count = c.u16()? as usize;
+    if count != layout.dcts.len() {
+        return Err(EngineError::Shape(format!(
+            "payload has {count} parameters, model has {}",
+            layout.dcts.len()
+        )));
+    }
+    let mut params = Vec::with_capacity(count);
+    for p in 0..count {
+        let t = &layout.dcts[p].tiling;
+        let (chunks, size, k) = (
+            c.u32()? as usize,
+            c.u16()? as usize,
+            c.arr::<1>()?[0] as usize,
+        );
+        if chunks != t.chunks() || size != t.chunk_size() || k != layout.topk[p] {
+            return Err(EngineError::Shape(format!(
+                "parameter {p}: {chunks} chunks of {size} with k={k}, model has {} of {} with k={}",
+                t.chunks(),
+                t.chunk_size(),
+                layout.topk[p]
+            )));
+        }
+        let bits = index_bits(size);
+        let n = chunks * k;
+        let bytes = c.take((n * (bits as usize + 1)).div_ceil(8))?;
+        let mut s = SparseSigns {
+            idx: Vec::with_capacity(n),
+            neg: Vec::with_capacity(n),
+        };
+        let (mut acc, mut have, mut pos) = (0u64, 0u32, 0usize);
+        for _ in 0..n {
+            while have < bits + 1 {
+                acc |= (bytes[pos] as u64) << have;
+                pos += 1;
+                have += 8;
+            }
+            s.idx.push((acc & ((1 << bits) - 1)) as u16);
+            s.neg.push((acc >> bits) & 1 == 1);
+            acc >>= bits + 1;
+            have -= bits + 1;
+        }
+        params.push(s);
+    }
+    if c.pos != buf.len() {
+        return Err(EngineError::Malformed(format!(
+            "{} trailing bytes",
+            buf.len() - c.pos
+        )));
+    }
+    let payload = Payload { params };
+    payload.validate(layout)?;
+    Ok(payload)
+}
+
+impl Contribution {
+    pub fn encode(&self, layout: &Layout) -> Vec<u8> {
+        let payload = encode_payload(&self.payload, layout);
+        let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
+        out.extend_from_slice(MAGIC);
+        out.push(VERSION);
+        out.extend_from_slice(&self.job);
+        out.extend_from_slice(&self.epoch.to_le_bytes());
+        out.extend_from_slice(&self.step.to_le_bytes());
+        out.extend_from_slice(&self.member);
+        out.extend_from_slice(&self.train_loss.to_le_bytes());
+        out.extend_from_slice(&self.momentum_hash);
+        out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        out.extend_from_slice(&payload);
+        out
+    }
+
+    pub fn decode(buf: &[u8], layout: &Layout) -> Result<Self, EngineError> {
+        let mut c = Cursor { buf, pos: 0 };
+        if c.take(3)? != MAGIC {
+            return Err(EngineError::Malformed("not a Cohort contribution".into()));
+        }
+        let version = c.arr::<1>()?[0];
+        if version != VERSION {
+            return Err(EngineError::Version {
+                found: version,
+                supported: VERSION,
+            });
+        }
+        let job = c.arr()?;
+        let epoch = c.u32()?;
+        let step = c.u32()?;
+        let member = c.arr()?;
+        let train_loss = f32::from_le_bytes(c.arr()?);
+        if !train_loss.is_finite() {
+            return Err(EngineError::NonFinite("reported training loss".into()));
+        }
+        let momentum_hash = c.arr()?;
+        let len = c.u32()? as usize;
+        let payload = decode_payload(c.take(len)?, layout)?;
+        if c.pos != buf.len() {
+            return Err(EngineError::Malformed(format!(
+                "{} trailing bytes",
+                buf.len() - c.pos
+            )));
+        }
+        Ok(Self {
+            job,
+            epoch,
+            step,
+            member,
+            train_loss,
+            momentum_hash,
+            payload,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compress::{CompressConfig, Compressor};
+
+    fn sample() -> (Layout, Contribution) {
+        let shapes = vec![vec![128, 64], vec![64], vec![30, 7]];
+        let layout = Layout::new(&shapes, &CompressConfig::default());
+        let mut c = Compressor::new(&layout, CompressConfig::default());
+        let grads: Vec<Vec<f32>> = (0..3)
+            .map(|p| {
+                (0..layout.numel(p))
+                    .map(|i| ((i * 7919 + p) % 97) as f32 - 48.0)
+                    .collect()
+            })
+            .collect();
+        let payload = c.compress(&layout, &grads).unwrap();
+        let contribution = Contribution {
+            job: [1; 32],
+            epoch: 2,
+            step: 17,
+            member: [3; 32],
+            train_loss: 2.5,
+            momentum_hash: [4; 32],
+            payload,
+        };
+        (layout, contribution)
+    }
+
+    #[test]
+    fn round_trip_and_exact_size() {
+        let (layout, c) = sample();
+        let bytes = c.encode(&layout);
+        assert_eq!(bytes.len(), HEADER_LEN + payload_len(&layout));
+        assert_eq!(Contribution::decode(&bytes, &layout).unwrap(), c);
+    }
+
+    #[test]
+    fn truncated_payload_is_refused() {
+        let (layout, c) = sample();
+        let bytes = c.encode(&layout);
+        for cut in [0, 3, HEADER_LEN - 1, HEADER_LEN + 5, bytes.len() - 1] {
+            assert!(
+                Contribution::decode(&bytes[..cut], &layout).is_err(),
+                "cut at {cut}"
+            );
+        }
+        let mut long = bytes.clone();
+        long.push(0);
+        assert!(matches!(
+            Contribution::decode(&long, &layout),
+            Err(EngineError::Malformed(_))
+        ));
+    }
+
+    #[test]
+    fn wrong_shape_is_refused() {
+        let (layout, c) = sample();
+        let bytes = c.encode(&layout);
+        let other = Layout::new(
+            &[vec![128, 32], vec![64], vec![30, 7]],
+            &CompressConfig::default(),
+        );
+        assert!(matches!(
+            Contribution::decode(&bytes, &other),
+            Err(EngineError::Shape(_))
+        ));
+    }
+
+    #[test]
+    fn wrong_version_is_refused() {
+        let (layout, c) = sample();
+        let mut bytes = c.encode(&layout);
+        bytes[3] = 2;
+        assert!(matches!(
+            Contribution::decode(&bytes, &layout),
+            Err(EngineError::Version { found: 2, .. })
+        ));
+    }
+
+    #[test]
+    fn non_finite_loss_is_refused() {
+        let (layout, mut c) = sample();
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            c.train_loss = bad;
+            let bytes = c.encode(&layout);
+            assert!(matches!(
+                Contribution::decode(&bytes, &layout),
+                Err(EngineError::NonFinite(_))
+            ));
+        }
+    }
+
+    #[test]
+    fn a_4096_chunk_with_k4_costs_52_bits() {
+        let layout = Layout::new(&[vec![64, 64]], &CompressConfig::default());
+        // 2 (count) + 4 + 2 + 1 (per-parameter header) + 4 * 13 bits = 7 bytes.
+        assert_eq!(payload_len(&layout), 2 + 7 + 7);
+    }
+}

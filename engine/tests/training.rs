@@ -1,0 +1,214 @@
+//! The engine trains, stays bit-identical across members, and survives restarts.
+
+use cohort_engine::backend::{self, BackendKind, GradientEngine};
+use cohort_engine::data::Corpus;
+use cohort_engine::runner::{self, RunConfig};
+use cohort_engine::trainer::{Identity, TrainConfig, Trainer};
+use cohort_engine::{EngineError, model::ModelConfig};
+
+fn id(i: u32) -> Identity {
+    Identity {
+        job: [9; 32],
+        member: runner::member_key(i as usize),
+        index: i,
+    }
+}
+
+fn corpus() -> Corpus {
+    Corpus::bundled().unwrap()
+}
+
+#[test]
+fn loss_falls_on_the_bundled_corpus() {
+    let steps = 60;
+    let cfg = RunConfig {
+        train: TrainConfig::small(steps),
+        members: 2,
+        steps,
+        steps_per_epoch: 20,
+        job: [1; 32],
+        eval_windows: 32,
+        eval_every: 20,
+    };
+    let report = runner::run(
+        &cfg,
+        &corpus(),
+        vec![backend::cpu(), backend::cpu()],
+        |_, _| {},
+    )
+    .unwrap();
+    let first = report.train_curve[0].1;
+    eprintln!(
+        "train loss {first} -> {}, val curve {:?}",
+        report.train_curve.last().unwrap().1,
+        report.val_curve
+    );
+    // Uniform guessing over 256 bytes is ln 256 = 5.55.
+    assert!(first > 5.0, "{first}");
+    assert!(
+        report.final_val_loss < 3.5,
+        "validation loss {} did not fall",
+        report.final_val_loss
+    );
+    assert!(
+        report.val_curve.windows(2).all(|w| w[1].1 < w[0].1),
+        "{:?}",
+        report.val_curve
+    );
+}
+
+/// A second engine whose gradients differ in the last bits: wgpu when an
+/// adapter exists, else the CPU with another micro-batch split (another
+/// summation order).
+fn other_engine() -> (Box<dyn GradientEngine>, usize, &'static str) {
+    match backend::select(backend::BackendChoice::Wgpu) {
+        Ok(s) if s.engine.kind() == BackendKind::Wgpu => (s.engine, 8, "wgpu"),
+        _ => (backend::cpu(), 1, "cpu, micro-batch 1"),
+    }
+}
+
+#[test]
+fn members_applying_the_same_contributions_are_bit_identical_across_backends() {
+    let cfg = TrainConfig::small(10);
+    let (engine_b, micro_b, label) = other_engine();
+    eprintln!("second member computes on {label}");
+    let mut a = Trainer::new(cfg, &[3; 32], corpus(), backend::cpu(), id(0)).unwrap();
+    let mut b = Trainer::new(
+        TrainConfig {
+            micro_batch: micro_b,
+            ..cfg
+        },
+        &[3; 32],
+        corpus(),
+        engine_b,
+        id(0),
+    )
+    .unwrap();
+    let seed = [5; 32];
+    // The same member's batch on both: gradients agree only approximately.
+    let (_, ga) = a.gradients(&seed, 0).unwrap();
+    let (_, gb) = b.gradients(&seed, 0).unwrap();
+    let max_diff = ga
+        .iter()
+        .flatten()
+        .zip(gb.iter().flatten())
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max);
+    let bits_differ = ga
+        .iter()
+        .flatten()
+        .zip(gb.iter().flatten())
+        .any(|(x, y)| x.to_bits() != y.to_bits());
+    eprintln!("gradient max |diff| {max_diff:e}, bits differ: {bits_differ}");
+    assert!(
+        bits_differ,
+        "the two computations should not be bit-equal, or this test shows nothing"
+    );
+    assert!(max_diff < 1e-3);
+    for _ in 0..3 {
+        let (ca, _) = a.compute(&seed, 0).unwrap();
+        let (cb, _) = b.compute(&seed, 0).unwrap();
+        let mut cb = cb;
+        cb.member = runner::member_key(1);
+        let both = vec![ca, cb];
+        a.apply(&both).unwrap();
+        b.apply(&both).unwrap();
+        assert_eq!(a.model_hash(), b.model_hash());
+    }
+}
+
+#[test]
+fn checkpoint_restore_gives_the_same_next_step() {
+    let dir = std::env::temp_dir().join(format!("cohort-ckpt-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("member.ckpt");
+    let cfg = TrainConfig::small(10);
+    let seed = [4; 32];
+    let mut a = Trainer::new(cfg, &[3; 32], corpus(), backend::cpu(), id(0)).unwrap();
+    for _ in 0..3 {
+        let (c, _) = a.compute(&seed, 0).unwrap();
+        a.apply(&[c]).unwrap();
+    }
+    a.save(&path).unwrap();
+    let (next, _) = a.compute(&seed, 0).unwrap();
+    a.apply(std::slice::from_ref(&next)).unwrap();
+
+    let mut b = Trainer::new(cfg, &[3; 32], corpus(), backend::cpu(), id(0)).unwrap();
+    b.restore(&path).unwrap();
+    assert_eq!(b.step(), 3);
+    let (again, _) = b.compute(&seed, 0).unwrap();
+    assert_eq!(
+        again, next,
+        "same payload and momentum commitment after restart"
+    );
+    b.apply(&[again]).unwrap();
+    assert_eq!(a.model_hash(), b.model_hash());
+
+    // A corrupt file is an error and changes nothing.
+    let before = b.model_hash();
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[100] ^= 1;
+    std::fs::write(&path, &bytes).unwrap();
+    let e = b.restore(&path).unwrap_err().to_string();
+    assert!(e.contains("checksum"), "{e}");
+    bytes.truncate(50);
+    std::fs::write(&path, &bytes).unwrap();
+    assert!(b.restore(&path).is_err());
+    assert_eq!(b.model_hash(), before);
+    assert_eq!(b.step(), 4);
+    // Another model's checkpoint is refused by name.
+    a.save(&path).unwrap();
+    let other = TrainConfig {
+        model: ModelConfig {
+            layers: 1,
+            ..ModelConfig::tiny()
+        },
+        ..cfg
+    };
+    let mut c = Trainer::new(other, &[3; 32], corpus(), backend::cpu(), id(0)).unwrap();
+    let e = c.restore(&path).unwrap_err().to_string();
+    assert!(e.contains("this job trains"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn invalid_contributions_are_refused_and_nothing_is_applied() {
+    let cfg = TrainConfig::small(10);
+    let seed = [4; 32];
+    let mut a = Trainer::new(cfg, &[3; 32], corpus(), backend::cpu(), id(0)).unwrap();
+    let (c, _) = a.compute(&seed, 0).unwrap();
+    let before = a.model_hash();
+    let mut stale = c.clone();
+    stale.step = 7;
+    assert!(matches!(
+        a.apply(&[c.clone(), stale]),
+        Err(EngineError::Malformed(_))
+    ));
+    let mut wrong = c.clone();
+    wrong.member = [1; 32];
+    wrong.payload.params.pop();
+    assert!(matches!(
+        a.apply(&[c.clone(), wrong]),
+        Err(EngineError::Shape(_))
+    ));
+    assert!(matches!(
+        a.apply(&[c.clone(), c.clone()]),
+        Err(EngineError::Malformed(_))
+    ));
+    assert_eq!(a.model_hash(), before);
+    assert_eq!(a.step(), 0);
+    a.apply(&[c]).unwrap();
+    assert_ne!(a.model_hash(), before);
+}
+
+#[test]
+fn backend_choice_is_explained() {
+    let s = backend::select(backend::BackendChoice::Auto).unwrap();
+    eprintln!("auto picked: {}", s.reason);
+    assert!(s.reason.starts_with(s.engine.kind().name()), "{}", s.reason);
+    let e = "tpu"
+        .parse::<backend::BackendChoice>()
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("unknown backend `tpu`"), "{e}");
+}
