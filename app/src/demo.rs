@@ -1,12 +1,20 @@
 //! `cohort demo`: one job through its whole on-chain life on an embedded
 //! chain (a real bank with the Cohort program loaded as a builtin).
 //!
-//! Training is not wired in yet, so each member's contribution count per
-//! epoch is simulated (member `i` misses `i` steps); everything on chain —
-//! escrow, matching, seeded witnesses, quorum, Merkle claims, refund — is real.
+//! The nodes really train: a small byte-level transformer on the bundled
+//! corpus, in this process (the in-process runner; nodes as separate
+//! processes over libp2p come with the P2P layer). Each epoch's batches are
+//! drawn from the seed the program fixed at `start_epoch`, every applied
+//! contribution earns its member one point, and witnesses attest the real
+//! model hash and contribution root.
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
+use cohort_engine::backend;
+use cohort_engine::data::Corpus;
 use cohort_engine::ledger::ContributionLedger;
+use cohort_engine::model::ModelConfig;
+use cohort_engine::runner::Cluster;
+use cohort_engine::trainer::TrainConfig;
 use cohort_program::client;
 use cohort_program::instruction::NodeTerms;
 use cohort_program::schedule::Committee;
@@ -26,6 +34,7 @@ const LAMPORTS_PER_SOL: u64 = 1_000_000_000;
 pub struct Options {
     pub nodes: u16,
     pub epochs: u32,
+    pub steps: u32,
 }
 
 impl Options {
@@ -33,6 +42,7 @@ impl Options {
         let mut o = Self {
             nodes: 3,
             epochs: 3,
+            steps: 20,
         };
         let mut it = args.iter();
         while let Some(a) = it.next() {
@@ -48,6 +58,11 @@ impl Options {
                         .parse()
                         .context("--epochs must be a number")?
                 }
+                "--steps" => {
+                    o.steps = value("--steps")?
+                        .parse()
+                        .context("--steps must be a number")?
+                }
                 other => bail!("unknown option `{other}` for `cohort demo`"),
             }
         }
@@ -59,6 +74,10 @@ impl Options {
             (1..=100).contains(&o.epochs),
             "--epochs must be between 1 and 100"
         );
+        ensure!(
+            (1..=10_000).contains(&o.steps),
+            "--steps must be between 1 and 10000"
+        );
         Ok(o)
     }
 }
@@ -66,6 +85,7 @@ impl Options {
 /// What the demo ended with, for the caller and for tests.
 #[derive(Debug, Clone)]
 pub struct Summary {
+    pub val_loss: Vec<f32>,
     pub earned: Vec<u64>,
     pub refunded: u64,
     pub deposit: u64,
@@ -143,9 +163,11 @@ fn sol(l: u64) -> String {
 
 pub async fn run(opts: Options) -> Result<Summary> {
     println!(
-        "Cohort demo: embedded local chain, {} nodes, {} epochs",
-        opts.nodes, opts.epochs
+        "Cohort demo: embedded local chain, {} nodes, {} epochs of {} steps",
+        opts.nodes, opts.epochs, opts.steps
     );
+    let model = ModelConfig::tiny();
+    let corpus = Corpus::bundled()?;
     let mut chain = Chain::start().await?;
     let requester = Keypair::new();
     chain
@@ -164,7 +186,7 @@ pub async fn run(opts: Options) -> Result<Summary> {
             version: 1,
             ..Default::default()
         };
-        benchmark.set_device_name("sandbox cpu (not measured)");
+        benchmark.set_device_name("sandbox cpu (not benchmarked)");
         let terms = NodeTerms {
             price,
             available_from: 0,
@@ -186,26 +208,28 @@ pub async fn run(opts: Options) -> Result<Summary> {
         nodes.push(node);
     }
 
+    let train = TrainConfig::small(opts.epochs * opts.steps);
     let mut spec = JobSpec {
-        model_hash: [0; 32],
+        model_hash: model.config_hash(),
         arch: [0; 64],
-        dataset_id: [0; 32],
-        global_batch: 32,
-        seq_len: 128,
-        steps_per_epoch: 20,
+        dataset_id: corpus.id,
+        global_batch: (train.batch * opts.nodes as usize) as u32,
+        seq_len: model.seq_len as u32,
+        steps_per_epoch: opts.steps,
         epochs: opts.epochs,
         expected_epoch_secs: 600,
         max_epoch_secs: 3600,
         join_window_secs: 3600,
         min_nodes: 3,
-        max_nodes: opts.nodes,
+        // One slot stays empty, so the requester sees a refund.
+        max_nodes: opts.nodes + 1,
         min_fp32_gflops: 10,
         max_price: price,
         min_stake: stake,
         witness_count: 3,
         quorum: 2,
     };
-    spec.set_arch("gpt l2 d64 h4 s128 (byte vocab)");
+    spec.set_arch(&model.arch());
     let deposit = spec.full_budget().context("job budget overflows")?;
     let requester_start = chain.balance(&requester.pubkey()).await?;
     let job = client::job_address(&requester.pubkey(), 1);
@@ -225,7 +249,18 @@ pub async fn run(opts: Options) -> Result<Summary> {
         println!("  node {i} admitted");
     }
 
+    let engines = (0..opts.nodes).map(|_| backend::cpu()).collect();
+    let mut cluster = Cluster::new(train, job.to_bytes(), &job.to_bytes(), &corpus, engines)?;
+    println!(
+        "training {} ({} parameters) on {} ({} bytes, id {}), cpu",
+        model.arch(),
+        model.num_params(),
+        corpus.name,
+        corpus.len(),
+        hex8(&corpus.id)
+    );
     let mut ledger = ContributionLedger::default();
+    let mut val_loss = Vec::new();
     let mut per_epoch_node_txs = 0u64;
     let cranker = chain.ctx.payer.insecure_clone();
     for e in 0..opts.epochs {
@@ -236,11 +271,17 @@ pub async fn run(opts: Options) -> Result<Summary> {
                 &[],
             )
             .await?;
-        for (i, n) in nodes.iter().enumerate() {
-            let points = (spec.steps_per_epoch as u64).saturating_sub(i as u64 % 4);
-            ledger.credit(n.pubkey(), points)?;
-        }
         let epoch: Epoch = chain.state(&client::epoch_address(&job, e)).await?;
+        let (mut loss, mut bytes) = (0.0, 0);
+        for _ in 0..opts.steps {
+            let r = cluster.step(&epoch.seed, e)?;
+            for i in &r.applied {
+                ledger.credit(nodes[*i].pubkey(), 1)?;
+            }
+            (loss, bytes) = (r.loss, r.bytes_per_member);
+        }
+        let v = cluster.validation_loss(32)?;
+        val_loss.push(v);
         let committee = Committee::new(&epoch.seed, epoch.members_at_start, spec.witness_count);
         let mut by_index = vec![None; epoch.members_at_start as usize];
         for n in &nodes {
@@ -249,7 +290,7 @@ pub async fn run(opts: Options) -> Result<Summary> {
                 .await?;
             by_index[m.index as usize] = Some(n);
         }
-        let model_hash = [e as u8; 32];
+        let model_hash = cluster.trainers[0].model_hash();
         let att = ledger.attestation(&cohort_program::ID, &job, e, model_hash)?;
         let mut voted = Vec::new();
         for seat in committee.members().take(spec.quorum as usize) {
@@ -270,8 +311,8 @@ pub async fn run(opts: Options) -> Result<Summary> {
         let j: Job = chain.state(&job).await?;
         ensure!(j.epochs_finalized == e + 1, "epoch {e} did not finalize");
         println!(
-            "epoch {e}: witnesses {:?} attested digest {}, {} points total, {} owed so far",
-            voted,
+            "epoch {e}: train loss {loss:.3}, validation loss {v:.3}, {bytes} bytes per member per step; witnesses {voted:?} attested model {} (digest {}), {} points, {} owed",
+            hex8(&model_hash),
             hex8(&att.digest),
             att.total_points,
             sol(j.owed)
@@ -327,6 +368,7 @@ pub async fn run(opts: Options) -> Result<Summary> {
 
     let node_epochs = opts.nodes as f64 * opts.epochs as f64;
     let summary = Summary {
+        val_loss,
         earned,
         refunded: j.refunded,
         deposit,
@@ -335,6 +377,15 @@ pub async fn run(opts: Options) -> Result<Summary> {
     };
     println!("\nsummary");
     println!("  epochs attested on chain : {}", summary.epochs_finalized);
+    println!(
+        "  validation loss by epoch : {}",
+        summary
+            .val_loss
+            .iter()
+            .map(|v| format!("{v:.3}"))
+            .collect::<Vec<_>>()
+            .join(" -> ")
+    );
     println!(
         "  paid to nodes            : {}",
         sol(summary.earned.iter().sum())
@@ -353,9 +404,6 @@ pub async fn run(opts: Options) -> Result<Summary> {
         summary.transactions_per_node_epoch
     );
     println!("  chain transactions       : {}", chain.txs);
-    println!(
-        "  training                 : simulated contribution counts (the engine is not wired in yet)"
-    );
     Ok(summary)
 }
 
@@ -368,19 +416,25 @@ mod tests {
     use super::*;
 
     #[tokio::test]
-    async fn demo_pays_every_node_and_refunds_the_rest() {
-        let s = run(Options {
-            nodes: 4,
+    async fn demo_trains_pays_every_node_and_refunds_the_empty_slot() {
+        let opts = Options {
+            nodes: 3,
             epochs: 2,
-        })
-        .await
-        .unwrap();
+            steps: 15,
+        };
+        let s = run(opts).await.unwrap();
         assert_eq!(s.epochs_finalized, 2);
-        // Node i misses i steps of 20 per epoch; price 0.001 SOL per full node-epoch.
+        assert!(
+            s.val_loss[1] < s.val_loss[0] && s.val_loss[0] < 5.0,
+            "{:?}",
+            s.val_loss
+        );
+        // Every node contributed every step: the full price for each epoch.
         let price = LAMPORTS_PER_SOL / 1000;
-        let expect: Vec<u64> = (0..4).map(|i| 2 * (20 - i) * price / 20).collect();
-        assert_eq!(s.earned, expect);
-        assert_eq!(s.refunded, s.deposit - expect.iter().sum::<u64>());
+        assert_eq!(s.earned, vec![2 * price; 3]);
+        // The fourth slot stayed empty: its budget comes back.
+        assert_eq!(s.refunded, 2 * price);
+        assert_eq!(s.deposit, 4 * 2 * price);
         assert!(s.transactions_per_node_epoch <= 2.0);
     }
 
@@ -391,7 +445,8 @@ mod tests {
             Options::parse(&[]).unwrap(),
             Options {
                 nodes: 3,
-                epochs: 3
+                epochs: 3,
+                steps: 20
             }
         );
         let e = Options::parse(&args(&["--nodes", "2"]))

@@ -9,7 +9,8 @@ const USAGE: &str = "\
 Cohort: join decentralized AI training with one click.
 
 Usage:
-  cohort demo [--nodes N] [--epochs N]   run a job end to end on an embedded local chain
+  cohort demo [--nodes N] [--epochs N] [--steps N]
+                                         train a job end to end on an embedded local chain
   cohort --version                       print the version
   cohort --help                          print this help
 ";

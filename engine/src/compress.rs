@@ -13,6 +13,18 @@ pub struct CompressConfig {
     pub topk: usize,
     /// Momentum decay (beta).
     pub decay: f32,
+    /// How the summed votes become an update direction.
+    pub decode: Decode,
+}
+
+/// The decoder's last stage, after the inverse DCT of the summed signs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decode {
+    /// `sign(x)`: every coordinate moves by the learning rate (DisTrO/DeMo).
+    Sign,
+    /// `x / rms(x)` per parameter: coordinates move in proportion to how
+    /// strongly the members' votes agree there, with the same overall scale.
+    Rms,
 }
 
 impl Default for CompressConfig {
@@ -21,6 +33,7 @@ impl Default for CompressConfig {
             max_chunk: 64,
             topk: 4,
             decay: 0.995,
+            decode: Decode::Sign,
         }
     }
 }
@@ -194,7 +207,11 @@ impl Compressor {
 /// Integer sums make the result independent of the members' order; the basis
 /// functions are added in ascending coefficient order, so it is bit-identical
 /// on every node.
-pub fn aggregate(layout: &Layout, contributions: &[(&Payload, i32)]) -> Vec<Vec<f32>> {
+pub fn aggregate(
+    layout: &Layout,
+    contributions: &[(&Payload, i32)],
+    decode: Decode,
+) -> Vec<Vec<f32>> {
     let mut dirs = Vec::with_capacity(layout.dcts.len());
     let mut votes: Vec<i32> = Vec::new();
     let mut touched: Vec<u16> = Vec::new();
@@ -225,14 +242,27 @@ pub fn aggregate(layout: &Layout, contributions: &[(&Payload, i32)]) -> Vec<Vec<
                 votes[i as usize] = 0;
             }
         }
-        for v in x.iter_mut() {
-            *v = if *v > 0.0 {
-                1.0
-            } else if *v < 0.0 {
-                -1.0
-            } else {
-                0.0
-            };
+        match decode {
+            Decode::Sign => {
+                for v in x.iter_mut() {
+                    *v = if *v > 0.0 {
+                        1.0
+                    } else if *v < 0.0 {
+                        -1.0
+                    } else {
+                        0.0
+                    };
+                }
+            }
+            Decode::Rms => {
+                // f64 accumulation in index order: the same bits on every node.
+                let ms = x.iter().map(|v| (*v as f64) * (*v as f64)).sum::<f64>()
+                    / x.len().max(1) as f64;
+                if ms > 0.0 {
+                    let inv = (1.0 / ms.sqrt()) as f32;
+                    x.iter_mut().for_each(|v| *v *= inv);
+                }
+            }
         }
         dirs.push(x);
     }
@@ -287,6 +317,7 @@ mod tests {
             max_chunk: 32,
             topk: 5,
             decay: 0.9,
+            decode: Decode::Sign,
         };
         let layout = Layout::new(&shapes, &cfg);
         let mut c = Compressor::new(&layout, cfg);
@@ -320,6 +351,7 @@ mod tests {
             max_chunk: 64,
             topk: 4,
             decay: 1.0,
+            decode: Decode::Sign,
         };
         let layout = Layout::new(&shapes, &cfg);
         let mut c = Compressor::new(&layout, cfg);
@@ -354,8 +386,8 @@ mod tests {
                 neg: vec![true, true, true, true],
             }],
         };
-        let a = aggregate(&layout, &[(&p1, 1), (&p2, 1), (&p3, 1)]);
-        let b = aggregate(&layout, &[(&p3, 1), (&p1, 1), (&p2, 1)]);
+        let a = aggregate(&layout, &[(&p1, 1), (&p2, 1), (&p3, 1)], Decode::Sign);
+        let b = aggregate(&layout, &[(&p3, 1), (&p1, 1), (&p2, 1)], Decode::Sign);
         assert_eq!(a, b);
         assert!(a[0].iter().all(|v| [-1.0, 0.0, 1.0].contains(v)));
         // A single coefficient voted by everyone gives a pure (signed) basis function.
@@ -365,8 +397,47 @@ mod tests {
                 neg: vec![true; 4],
             }],
         };
-        let d = aggregate(&layout, &[(&only, 3)]);
+        let d = aggregate(&layout, &[(&only, 3)], Decode::Sign);
         assert!(d[0][0] < 0.0);
+    }
+
+    #[test]
+    fn rms_decode_has_unit_scale_and_keeps_the_vote_shape() {
+        let layout = Layout::new(&[vec![64, 64]], &CompressConfig::default());
+        let p1 = Payload {
+            params: vec![SparseSigns {
+                idx: vec![0, 1, 2, 3],
+                neg: vec![false; 4],
+            }],
+        };
+        let p2 = Payload {
+            params: vec![SparseSigns {
+                idx: vec![0, 5, 6, 7],
+                neg: vec![false; 4],
+            }],
+        };
+        let d = aggregate(&layout, &[(&p1, 1), (&p2, 1)], Decode::Rms);
+        let ms: f32 = d[0].iter().map(|v| v * v).sum::<f32>() / 4096.0;
+        assert!((ms - 1.0).abs() < 1e-4, "{ms}");
+        // Same input, same bits.
+        assert_eq!(d, aggregate(&layout, &[(&p2, 1), (&p1, 1)], Decode::Rms));
+        let empty = Payload {
+            params: vec![SparseSigns {
+                idx: vec![0, 1, 2, 3],
+                neg: vec![false, true, false, true],
+            }],
+        };
+        let flipped = Payload {
+            params: vec![SparseSigns {
+                idx: vec![0, 1, 2, 3],
+                neg: vec![true, false, true, false],
+            }],
+        };
+        let zero = aggregate(&layout, &[(&empty, 1), (&flipped, 1)], Decode::Rms);
+        assert!(
+            zero[0].iter().all(|v| *v == 0.0),
+            "cancelling votes move nothing"
+        );
     }
 
     #[test]

@@ -234,7 +234,7 @@ impl Trainer {
             }
             c.payload.validate(&self.layout)?;
         }
-        let dirs = aggregate(&self.layout, weighted);
+        let dirs = aggregate(&self.layout, weighted, self.cfg.compress.decode);
         let lr = self.cfg.lr.at(self.step);
         sign_sgd_step(&mut self.params.values, &dirs, lr, self.cfg.weight_decay);
         self.step += 1;

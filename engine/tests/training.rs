@@ -34,7 +34,7 @@ fn loss_falls_on_the_bundled_corpus() {
         &cfg,
         &corpus(),
         vec![backend::cpu(), backend::cpu()],
-        |_, _| {},
+        |_| {},
     )
     .unwrap();
     let first = report.train_curve[0].1;

@@ -1,0 +1,193 @@
+//! `cohort-bench engine`: training tokens/s of one member's step in our
+//! engine against the same architecture in PyTorch, same machine, batch and
+//! sequence length, in one run.
+
+use crate::args::Args;
+use crate::report::{self, Figures};
+use anyhow::{Context, Result};
+use cohort_engine::backend::{self, BackendChoice};
+use cohort_engine::compress::CompressConfig;
+use cohort_engine::data::Corpus;
+use cohort_engine::model::ModelConfig;
+use cohort_engine::optim::LrSchedule;
+use cohort_engine::trainer::{Identity, TrainConfig, Trainer};
+use std::process::Command;
+use std::time::Instant;
+
+struct Torch {
+    full: f64,
+    grad: f64,
+    version: String,
+    threads: f64,
+}
+
+fn torch(model: &ModelConfig, batch: usize, steps: u32, threads: usize) -> Result<Torch, String> {
+    let script = report::repo_root().join("bench/torch_ref.py");
+    let out = Command::new("python3")
+        .arg(&script)
+        .args([
+            "--layers",
+            &model.layers.to_string(),
+            "--d-model",
+            &model.d_model.to_string(),
+            "--heads",
+            &model.heads.to_string(),
+        ])
+        .args([
+            "--seq",
+            &model.seq_len.to_string(),
+            "--batch",
+            &batch.to_string(),
+            "--steps",
+            &steps.to_string(),
+            "--threads",
+            &threads.to_string(),
+        ])
+        .output()
+        .map_err(|e| format!("could not run python3: {e}"))?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        return Err(format!(
+            "PyTorch reference failed ({}); install it with `pip install torch`",
+            err.lines().last().unwrap_or("no output")
+        ));
+    }
+    let line = String::from_utf8_lossy(&out.stdout);
+    let field = |k: &str| -> Option<String> {
+        let at = line.find(&format!("\"{k}\": "))? + k.len() + 4;
+        let rest = &line[at..];
+        let end = rest.find([',', '}'])?;
+        Some(rest[..end].trim().trim_matches('"').to_string())
+    };
+    let num = |k: &str| {
+        field(k)
+            .and_then(|v| v.parse::<f64>().ok())
+            .ok_or_else(|| format!("no {k} in PyTorch output: {line}"))
+    };
+    Ok(Torch {
+        full: num("tokens_per_sec_full")?,
+        grad: num("tokens_per_sec_grad")?,
+        version: field("torch_version").unwrap_or_default(),
+        threads: num("threads")?,
+    })
+}
+
+pub fn run(raw: &[String]) -> Result<()> {
+    let args = Args::parse(raw, &["arch", "batch", "steps", "backend", "threads"])?;
+    let model = ModelConfig::parse(&args.get("arch", "gpt l4 d256 h4 s128".to_string())?)?;
+    let batch: usize = args.get("batch", 8)?;
+    let steps: u32 = args.get("steps", 10)?;
+    let choice: BackendChoice = args.get("backend", BackendChoice::Auto)?;
+    let threads: usize = args.get(
+        "threads",
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1),
+    )?;
+    let selected = backend::select(choice)?;
+    println!(
+        "engine: {} ({} params), batch {batch} x seq {}; backend {}",
+        model.arch(),
+        model.num_params(),
+        model.seq_len,
+        selected.reason
+    );
+    let backend_name = selected.engine.kind().name();
+
+    let cfg = TrainConfig {
+        model,
+        compress: CompressConfig::default(),
+        lr: LrSchedule {
+            base: 1e-3,
+            warmup: 1,
+            total: 1000,
+            min_ratio: 0.1,
+        },
+        weight_decay: 0.1,
+        batch,
+        micro_batch: batch,
+    };
+    let id = Identity {
+        job: [1; 32],
+        member: [2; 32],
+        index: 0,
+    };
+    let mut t = Trainer::new(cfg, &[3; 32], Corpus::bundled()?, selected.engine, id)?;
+    let seed = [4; 32];
+    // Warm-up: first-use allocation, kernel compilation and autotuning.
+    for _ in 0..2 {
+        let (c, _) = t.compute(&seed, 0)?;
+        t.apply(&[c])?;
+    }
+    let (mut full, mut grad_only) = (0.0, 0.0);
+    for _ in 0..steps {
+        let t0 = Instant::now();
+        t.gradients(&seed, 0)?;
+        grad_only += t0.elapsed().as_secs_f64();
+        let t0 = Instant::now();
+        let (c, _) = t.compute(&seed, 0)?;
+        t.apply(&[c])?;
+        full += t0.elapsed().as_secs_f64();
+    }
+    let tokens = (batch * model.seq_len) as f64 * steps as f64;
+    let (ours_full, ours_grad) = (tokens / full, tokens / grad_only);
+    let reference = torch(&model, batch, steps, threads);
+
+    let mut md = format!(
+        "## Engine speed\n\n`cargo run --release -p cohort-bench -- engine` — one member's training step, {} ({} parameters), batch {batch} x seq {}, {steps} timed steps after 2 warm-up steps, backend `{backend_name}`, {threads} threads, same machine and run.\n\n| | Cohort engine tokens/s | PyTorch tokens/s | Cohort ÷ PyTorch |\n|---|---|---|---|\n",
+        model.arch(),
+        model.num_params(),
+        model.seq_len
+    );
+    let mut f = Figures::default();
+    f.text("arch", &model.arch())
+        .num("params", model.num_params() as f64)
+        .num("batch", batch as f64)
+        .num("seq_len", model.seq_len as f64)
+        .num("steps", steps as f64)
+        .num("threads", threads as f64)
+        .text("backend", backend_name)
+        .num("tokens_per_sec_cohort_step", ours_full)
+        .num("tokens_per_sec_cohort_grad", ours_grad);
+    println!("\n| | Cohort tokens/s | PyTorch tokens/s | ratio |");
+    match &reference {
+        Ok(r) => {
+            for (label, ours, theirs) in [
+                (
+                    "full step (Cohort: grad + compress + apply; PyTorch: grad + AdamW)",
+                    ours_full,
+                    r.full,
+                ),
+                ("gradient only (forward + backward)", ours_grad, r.grad),
+            ] {
+                let line = format!(
+                    "| {label} | {ours:.0} | {theirs:.0} | {:.3} |",
+                    ours / theirs
+                );
+                println!("{line}");
+                md.push_str(&line);
+                md.push('\n');
+            }
+            md.push_str(&format!("\nPyTorch {} on CPU with {} threads (`bench/torch_ref.py`, `F.scaled_dot_product_attention`).\n", r.version, r.threads));
+            f.num("tokens_per_sec_torch_step", r.full)
+                .num("tokens_per_sec_torch_grad", r.grad)
+                .num("ratio_step", ours_full / r.full)
+                .num("ratio_grad", ours_grad / r.grad)
+                .text("torch_version", &r.version);
+        }
+        Err(why) => {
+            let line = format!(
+                "| full step | {ours_full:.0} | n/a | n/a |\n| gradient only | {ours_grad:.0} | n/a | n/a |\n\nPyTorch reference not measured: {why}.\n"
+            );
+            println!("{line}");
+            md.push_str(&line);
+        }
+    }
+    // CPU figures are the reference record; GPU runs get their own.
+    let name = if backend_name == "cpu" {
+        "engine".to_string()
+    } else {
+        format!("engine-{backend_name}")
+    };
+    report::publish(&name, &f, &md).context("publishing")
+}

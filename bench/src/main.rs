@@ -1,0 +1,33 @@
+//! `cohort-bench <name>`: each benchmark prints its figures beside the
+//! baseline it is measured against, in the same run, and writes them to
+//! `docs/bench/<name>.json` and `docs/benchmarks.md`.
+
+mod args;
+mod convergence;
+mod engine;
+mod report;
+
+const USAGE: &str = "usage: cohort-bench <convergence|engine> [--flag value ...]
+
+  convergence  dense AdamW vs dense sign-SGD vs Cohort compressed, same tokens
+               flags: --steps --members --arch --batch --topk --lr-adamw --lr-sign --lr-cohort --eval-windows
+  engine       one member's training tokens/s vs the same model in PyTorch
+               flags: --arch --batch --steps --backend (auto|cpu|wgpu|cuda) --threads
+";
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        Some("convergence") => convergence::run(&args[1..]),
+        Some("engine") => engine::run(&args[1..]),
+        Some("-h") | Some("--help") | None => {
+            print!("{USAGE}");
+            return;
+        }
+        Some(other) => Err(anyhow::anyhow!("unknown benchmark `{other}`\n{USAGE}")),
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,77 @@
+//! Where benchmark figures go: `docs/bench/<name>.json` (flat keys: numbers
+//! and settings) and the bench's own section of `docs/benchmarks.md`.
+
+use anyhow::{Context, Result};
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// A flat JSON object, keys in insertion order.
+#[derive(Default)]
+pub struct Figures {
+    entries: Vec<(String, String)>,
+}
+
+impl Figures {
+    pub fn num(&mut self, key: &str, v: f64) -> &mut Self {
+        let s = if v.is_finite() {
+            format!("{v}")
+        } else {
+            "null".into()
+        };
+        self.entries.push((key.into(), s));
+        self
+    }
+    pub fn text(&mut self, key: &str, v: &str) -> &mut Self {
+        self.entries.push((key.into(), format!("{v:?}")));
+        self
+    }
+    pub fn to_json(&self) -> String {
+        let mut s = String::from("{\n");
+        for (i, (k, v)) in self.entries.iter().enumerate() {
+            let comma = if i + 1 < self.entries.len() { "," } else { "" };
+            let _ = writeln!(s, "  {k:?}: {v}{comma}");
+        }
+        s.push_str("}\n");
+        s
+    }
+}
+
+/// Writes the JSON and replaces this bench's section of docs/benchmarks.md
+/// (between `<!-- bench:NAME -->` and `<!-- /bench:NAME -->`), appending it
+/// the first time.
+pub fn publish(name: &str, figures: &Figures, markdown: &str) -> Result<()> {
+    let root = repo_root();
+    let dir = root.join("docs/bench");
+    std::fs::create_dir_all(&dir)?;
+    let json = dir.join(format!("{name}.json"));
+    std::fs::write(&json, figures.to_json())
+        .with_context(|| format!("writing {}", json.display()))?;
+    let md_path = root.join("docs/benchmarks.md");
+    let md = std::fs::read_to_string(&md_path).unwrap_or_else(|_| "# Benchmarks\n\nEvery figure here is written by `cargo run --release -p cohort-bench -- <name>`; the raw numbers are in `docs/bench/<name>.json`.\n".into());
+    let (open, close) = (
+        format!("<!-- bench:{name} -->"),
+        format!("<!-- /bench:{name} -->"),
+    );
+    let section = format!("{open}\n{}\n{close}", markdown.trim_end());
+    let updated = match (md.find(&open), md.find(&close)) {
+        (Some(a), Some(b)) if b > a => format!("{}{}{}", &md[..a], section, &md[b + close.len()..]),
+        _ => format!("{}\n{}\n", md.trim_end(), section),
+    };
+    std::fs::write(&md_path, updated).with_context(|| format!("writing {}", md_path.display()))?;
+    println!("\nwrote {} and docs/benchmarks.md", json.display());
+    Ok(())
+}
+
+pub fn fmt_bytes(b: f64) -> String {
+    if b >= 1e6 {
+        format!("{:.2} MB", b / 1e6)
+    } else if b >= 1e3 {
+        format!("{:.2} kB", b / 1e3)
+    } else {
+        format!("{b:.0} B")
+    }
+}

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# GPU checks for a machine with an NVIDIA GPU: the engine benchmark on CUDA and
+# on wgpu, and the engine's training tests. The device machine has no network,
+# so build here first and carry the binaries:
+#   cargo build --release -p cohort-bench
+#   cargo test --release -p cohort-engine --test training --no-run   # note the test binary path
+# then run: scripts/gpu-check.sh [path/to/cohort-bench] [path/to/training-test-binary]
+# Figures land in docs/bench/engine-{cuda,wgpu}.json and docs/benchmarks.md,
+# and, when $OUT is set, copies of them and the logs in $OUT.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bench=${1:-target/release/cohort-bench}
+tests=${2:-}
+out=${OUT:-target/gpu-check}
+mkdir -p "$out"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | tee "$out/gpu.txt"
+arch=${ARCH:-"gpt l8 d512 h8 s256"}
+for backend in cuda wgpu; do
+  echo "== engine bench on $backend"
+  timeout 240 "$bench" engine --backend "$backend" --arch "$arch" --batch 16 --steps 20 2>&1 | tee "$out/engine-$backend.log"
+done
+if [ -n "$tests" ]; then
+  echo "== training tests (wgpu member when an adapter exists)"
+  timeout 240 "$tests" --test-threads 1 --nocapture 2>&1 | tee "$out/training.log"
+fi
+cp docs/bench/engine-*.json docs/benchmarks.md "$out"/ 2>/dev/null || true
