@@ -32,7 +32,7 @@ impl TrainConfig {
             model: ModelConfig::tiny(),
             compress: CompressConfig::default(),
             lr: LrSchedule {
-                base: 2e-3,
+                base: 1e-3,
                 warmup: total_steps / 20 + 1,
                 total: total_steps,
                 min_ratio: 0.1,
