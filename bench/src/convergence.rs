@@ -209,26 +209,28 @@ pub fn run(raw: &[String]) -> Result<()> {
         model.seq_len
     );
 
+    let run_method = |m: char| -> Result<Row> {
+        println!("running {m} ...");
+        match m {
+            'a' => dense(Dense::AdamW, &cfg, lr_adamw, &corpus),
+            'b' => {
+                let sign_cfg = RunConfig {
+                    train: TrainConfig {
+                        lr: lr_sign,
+                        ..train
+                    },
+                    ..cfg
+                };
+                dense(Dense::SignSgd, &sign_cfg, lr_sign, &corpus)
+            }
+            'c' => cohort(&cfg, &corpus),
+            other => anyhow::bail!("unknown method `{other}` in --methods (a, b, c)"),
+        }
+    };
     if methods != "abc" {
         // Tuning runs: print, publish nothing.
         for m in methods.chars() {
-            let row = match m {
-                'a' => dense(Dense::AdamW, &cfg, lr_adamw, &corpus)?,
-                'b' => dense(
-                    Dense::SignSgd,
-                    &RunConfig {
-                        train: TrainConfig {
-                            lr: lr_sign,
-                            ..train
-                        },
-                        ..cfg
-                    },
-                    lr_sign,
-                    &corpus,
-                )?,
-                'c' => cohort(&cfg, &corpus)?,
-                other => anyhow::bail!("unknown method `{other}` in --methods (a, b, c)"),
-            };
+            let row = run_method(m)?;
             println!(
                 "{}: val loss {:.4}, {:.0} B/member/step, curve {:?}",
                 row.name, row.val_loss, row.bytes, row.curve
@@ -236,25 +238,7 @@ pub fn run(raw: &[String]) -> Result<()> {
         }
         return Ok(());
     }
-    let mut rows = Vec::new();
-    println!("running (a) dense data-parallel AdamW ...");
-    rows.push(dense(Dense::AdamW, &cfg, lr_adamw, &corpus)?);
-    println!("running (b) dense data-parallel sign-SGD ...");
-    rows.push(dense(
-        Dense::SignSgd,
-        &RunConfig {
-            train: TrainConfig {
-                lr: lr_sign,
-                ..train
-            },
-            ..cfg
-        },
-        lr_sign,
-        &corpus,
-    )?);
-    println!("running (c) Cohort compressed ...");
-    rows.push(cohort(&cfg, &corpus)?);
-
+    let rows = "abc".chars().map(run_method).collect::<Result<Vec<_>>>()?;
     let base = rows[0].val_loss;
     let dense_bytes = rows[0].bytes;
     let mut md = format!(

@@ -275,18 +275,6 @@ pub fn aggregate(
 mod tests {
     use super::*;
 
-    fn rand_vec(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed;
-        (0..n)
-            .map(|_| {
-                s = s
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-            })
-            .collect()
-    }
-
     /// The reference: dense DCT of the whole chunk, sort every coefficient,
     /// keep the k largest, subtract them by a dense inverse.
     fn naive(m: &mut [f32], dct: &Dct, k: usize) -> SparseSigns {
@@ -326,7 +314,7 @@ mod tests {
         let mut reference: Vec<Vec<f32>> = c.momentum.clone();
         for step in 0..3 {
             let grads: Vec<Vec<f32>> = (0..3)
-                .map(|p| rand_vec(layout.numel(p), 10 * step + p as u64))
+                .map(|p| crate::dct::test_values(layout.numel(p), 10 * step + p as u64))
                 .collect();
             let payload = c.compress(&layout, &grads).unwrap();
             payload.validate(&layout).unwrap();
@@ -357,7 +345,7 @@ mod tests {
         };
         let layout = Layout::new(&shapes, &cfg);
         let mut c = Compressor::new(&layout, cfg);
-        let g = vec![rand_vec(4096, 1)];
+        let g = vec![crate::dct::test_values(4096, 1)];
         let energy = |v: &[f32]| v.iter().map(|x| x * x).sum::<f32>();
         c.compress(&layout, &g).unwrap();
         // Only 4 of 4096 coefficients left: most of the energy stays in momentum.

@@ -182,21 +182,23 @@ fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
     }
 }
 
+/// Deterministic values in [-1, 1) for tests across the engine.
+#[cfg(test)]
+pub(crate) fn test_values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn lcg(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed;
-        (0..n)
-            .map(|_| {
-                s = s
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-            })
-            .collect()
-    }
 
     #[test]
     fn round_trip_is_exact_within_1e_5() {
@@ -209,7 +211,7 @@ mod tests {
         ] {
             let d = Dct::new(Tiling::new(&shape, 64));
             let n: usize = shape.iter().product();
-            let x = lcg(n, 3);
+            let x = test_values(n, 3);
             let mut y = vec![0f32; n];
             let mut coef = vec![0f32; d.tiling.chunk_size()];
             let mut tmp = Vec::new();
@@ -230,7 +232,7 @@ mod tests {
     fn matches_the_textbook_formula_and_preserves_energy() {
         // Naive 2-D DCT-II with orthonormal scaling, straight from the definition.
         let (m, n) = (8usize, 4usize);
-        let x = lcg(m * n, 9);
+        let x = test_values(m * n, 9);
         let d = Dct::new(Tiling::new(&[m, n], 64));
         let mut coef = vec![0f32; m * n];
         d.forward_chunk(&x, 0, &mut coef, &mut Vec::new());

@@ -53,6 +53,36 @@ impl Running {
         self.env.send(&[ix], &[&kp]).await
     }
 
+    /// A member that holds no witness seat in `epoch`.
+    async fn non_witness(&mut self, epoch: u32) -> Pubkey {
+        let ws = self.witnesses(epoch).await;
+        self.nodes
+            .iter()
+            .map(|n| n.pubkey())
+            .find(|k| !ws.contains(k))
+            .expect("a non-witness member")
+    }
+
+    /// The member at the highest index (what `leave_job`/`report_fraud` swap in).
+    async fn last_member(&mut self) -> Pubkey {
+        self.by_index()
+            .await
+            .last()
+            .copied()
+            .flatten()
+            .expect("a last member")
+    }
+
+    async fn claim(
+        &mut self,
+        who: &Pubkey,
+        points: u64,
+        proof: Vec<[u8; 32]>,
+    ) -> Result<(), solana_program_test::BanksClientError> {
+        let ix = client::claim(who, &self.job, points, proof);
+        self.send_as(ix, who).await
+    }
+
     /// Finalizes `epoch` with the given cumulative points.
     async fn finalize(&mut self, epoch: u32, points: &[(Pubkey, u64)]) {
         let t = tree(points);
@@ -68,12 +98,7 @@ impl Running {
 async fn open_job(n: usize) -> Running {
     let mut env = Env::new().await;
     let requester = env.user(10 * SOL).await;
-    let mut nodes = Vec::new();
-    for _ in 0..n {
-        let k = env.user(SOL).await;
-        env.register(&k, PRICE, 5_000, STAKE).await.unwrap();
-        nodes.push(k);
-    }
+    let nodes = env.nodes(n).await;
     let s = spec();
     let job = env
         .create_job(&requester, 1, s, s.full_budget().unwrap())
@@ -266,14 +291,8 @@ async fn use_after_close_is_refused() {
 async fn duplicate_mutable_accounts_are_refused() {
     let mut r = running_job().await;
     let ws = r.witnesses(0).await;
-    let accused = r
-        .nodes
-        .iter()
-        .map(|n| n.pubkey())
-        .find(|k| !ws.contains(k))
-        .unwrap();
-    let by_index = r.by_index().await;
-    let last = by_index.last().unwrap().unwrap();
+    let accused = r.non_witness(0).await;
+    let last = r.last_member().await;
     // One witness listed twice must not count as two votes.
     let ix = client::report_fraud(&r.job, 0, &accused, &last, &[ws[0], ws[0]], [1; 32]);
     let w0 = find(&r.nodes, &ws[0]).insecure_clone();
@@ -303,17 +322,8 @@ async fn double_claim_is_refused() {
     r.finalize(0, &pts).await;
     let m = r.nodes[0].insecure_clone();
     let (p, proof) = proof_for(&pts, &m.pubkey());
-    r.env
-        .send(
-            &[client::claim(&m.pubkey(), &r.job, p, proof.clone())],
-            &[&m],
-        )
-        .await
-        .unwrap();
-    let res = r
-        .env
-        .send(&[client::claim(&m.pubkey(), &r.job, p, proof)], &[&m])
-        .await;
+    r.claim(&m.pubkey(), p, proof.clone()).await.unwrap();
+    let res = r.claim(&m.pubkey(), p, proof).await;
     assert_err(res, CohortError::NothingToClaim);
 }
 
@@ -325,42 +335,24 @@ async fn forged_or_stale_proof_is_refused() {
     let m = r.nodes[0].insecure_clone();
     let (p, proof) = proof_for(&pts0, &m.pubkey());
     // Inflated points with a genuine proof.
-    let res = r
-        .env
-        .send(
-            &[client::claim(&m.pubkey(), &r.job, p + 1, proof.clone())],
-            &[&m],
-        )
-        .await;
+    let res = r.claim(&m.pubkey(), p + 1, proof.clone()).await;
     assert_err(res, CohortError::InvalidProof);
     // Another member's proof.
     let (_, other_proof) = proof_for(&pts0, &r.nodes[1].pubkey());
-    let res = r
-        .env
-        .send(&[client::claim(&m.pubkey(), &r.job, p, other_proof)], &[&m])
-        .await;
+    let res = r.claim(&m.pubkey(), p, other_proof).await;
     assert_err(res, CohortError::InvalidProof);
     // After epoch 1 finalizes, epoch 0's proof is stale.
     r.env.start_epoch(&r.job).await.unwrap();
     let pts1 = points(&r, 10);
     r.finalize(1, &pts1).await;
-    let res = r
-        .env
-        .send(&[client::claim(&m.pubkey(), &r.job, p, proof)], &[&m])
-        .await;
+    let res = r.claim(&m.pubkey(), p, proof).await;
     assert_err(res, CohortError::InvalidProof);
 }
 
 #[tokio::test]
 async fn attest_by_non_witness_is_refused() {
     let mut r = running_job().await;
-    let ws = r.witnesses(0).await;
-    let outsider = r
-        .nodes
-        .iter()
-        .map(|n| n.pubkey())
-        .find(|k| !ws.contains(k))
-        .unwrap();
+    let outsider = r.non_witness(0).await;
     let ix = r.attest(&outsider, 0, [1; 32], 4);
     assert_err(r.send_as(ix, &outsider).await, CohortError::NotWitness);
 }
@@ -466,10 +458,7 @@ async fn payout_beyond_deposit_is_refused() {
         r.send_as(r.attest(w, 0, t.root(), 10), w).await.unwrap();
     }
     let (p, proof) = proof_for(&forged, &m.pubkey());
-    let res = r
-        .env
-        .send(&[client::claim(&m.pubkey(), &r.job, p, proof)], &[&m])
-        .await;
+    let res = r.claim(&m.pubkey(), p, proof).await;
     assert_err(res, CohortError::PayoutExceedsDeposit);
 }
 
@@ -477,14 +466,8 @@ async fn payout_beyond_deposit_is_refused() {
 async fn slash_without_quorum_is_refused_and_with_quorum_slashes() {
     let mut r = running_job().await;
     let ws = r.witnesses(0).await;
-    let accused = r
-        .nodes
-        .iter()
-        .map(|n| n.pubkey())
-        .find(|k| !ws.contains(k))
-        .unwrap();
-    let by_index = r.by_index().await;
-    let last = by_index.last().unwrap().unwrap();
+    let accused = r.non_witness(0).await;
+    let last = r.last_member().await;
     let w0 = find(&r.nodes, &ws[0]).insecure_clone();
     let w1 = find(&r.nodes, &ws[1]).insecure_clone();
     let ix = client::report_fraud(&r.job, 0, &accused, &last, &[ws[0]], [1; 32]);
@@ -517,9 +500,6 @@ async fn slash_without_quorum_is_refused_and_with_quorum_slashes() {
     let pts = points(&r, 2);
     r.finalize(0, &pts).await;
     let (p, proof) = proof_for(&pts, &accused);
-    let res = r
-        .env
-        .send(&[client::claim(&accused, &r.job, p, proof)], &[&acc_kp])
-        .await;
+    let res = r.claim(&accused, p, proof).await;
     assert_err(res, CohortError::NotActiveMember);
 }

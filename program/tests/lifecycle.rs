@@ -189,12 +189,7 @@ async fn full_lifecycle_pays_members_refunds_requester_and_closes_everything() {
 async fn leave_swaps_the_last_member_into_the_gap_and_rejoin_works() {
     let mut env = Env::new().await;
     let requester = env.user(10 * SOL).await;
-    let mut nodes = Vec::new();
-    for _ in 0..4 {
-        let n = env.user(SOL).await;
-        env.register(&n, PRICE, 5_000, STAKE).await.unwrap();
-        nodes.push(n);
-    }
+    let nodes = env.nodes(4).await;
     let s = spec();
     let job = env
         .create_job(&requester, 7, s, s.full_budget().unwrap())
@@ -255,12 +250,7 @@ async fn cancel_while_open_refunds_the_whole_deposit() {
 async fn an_epoch_that_misses_its_deadline_expires_the_job_without_paying_it() {
     let mut env = Env::new().await;
     let requester = env.user(10 * SOL).await;
-    let mut nodes = Vec::new();
-    for _ in 0..3 {
-        let n = env.user(SOL).await;
-        env.register(&n, PRICE, 5_000, STAKE).await.unwrap();
-        nodes.push(n);
-    }
+    let nodes = env.nodes(3).await;
     let s = spec();
     let deposit = s.full_budget().unwrap();
     let job = env.create_job(&requester, 4, s, deposit).await.unwrap();

@@ -50,12 +50,7 @@ fn op() -> impl Strategy<Value = Op> {
 async fn run(ops: Vec<Op>) {
     let mut env = Env::new().await;
     let requester = env.user(10 * SOL).await;
-    let mut nodes = Vec::new();
-    for _ in 0..5 {
-        let n = env.user(SOL).await;
-        env.register(&n, PRICE, 5_000, STAKE).await.unwrap();
-        nodes.push(n);
-    }
+    let nodes = env.nodes(5).await;
     let s = spec();
     let job = env
         .create_job(&requester, 1, s, s.full_budget().unwrap())

@@ -222,6 +222,17 @@ impl Env {
         self.send(&[ix], &[node]).await
     }
 
+    /// `n` funded, registered nodes at the default price, benchmark and stake.
+    pub async fn nodes(&mut self, n: usize) -> Vec<Keypair> {
+        let mut out = Vec::with_capacity(n);
+        for _ in 0..n {
+            let k = self.user(SOL).await;
+            self.register(&k, PRICE, 5_000, STAKE).await.unwrap();
+            out.push(k);
+        }
+        out
+    }
+
     pub async fn create_job(
         &mut self,
         requester: &Keypair,
