@@ -156,6 +156,7 @@ pub fn run(raw: &[String]) -> Result<()> {
             "decay",
             "methods",
             "decode",
+            "adaptive",
         ],
     )?;
     let methods: String = args.get("methods", "abc".to_string())?;
@@ -182,12 +183,14 @@ pub fn run(raw: &[String]) -> Result<()> {
             decay,
             decode: match args.get("decode", "sign".to_string())?.as_str() {
                 "rms" => Decode::Rms,
-                _ => Decode::Sign,
+                "sign" => Decode::Sign,
+                other => anyhow::bail!("--decode {other}: expected rms or sign"),
             },
             ..CompressConfig::default()
         },
         lr: lr_cohort,
         weight_decay: 0.1,
+        adaptive_beta2: args.get("adaptive", 0.0)?,
         batch: args.get("batch", 8)?,
         micro_batch: args.get("batch", 8)?,
     };
@@ -242,7 +245,7 @@ pub fn run(raw: &[String]) -> Result<()> {
     let base = rows[0].val_loss;
     let dense_bytes = rows[0].bytes;
     let mut md = format!(
-        "## Convergence\n\n`cargo run --release -p cohort-bench -- convergence` — {} ({} parameters), {members} members, batch {} x {} bytes per member per step, {steps} steps, bundled KJV corpus (validation: {} fixed held-out windows). Learning rates (peak, warmup then cosine to 10%): AdamW {}, sign-SGD {}, Cohort {}; weight decay 0.1; Cohort: 64x64 DCT chunks, top-{topk} per chunk, momentum decay {}.\n\n| method | final val loss | ratio to (a) | bytes sent / member / step | compression vs fp32 | tokens/s |\n|---|---|---|---|---|---|\n",
+        "## Convergence\n\n`cargo run --release -p cohort-bench -- convergence` — {} ({} parameters), {members} members, batch {} x {} bytes per member per step, {steps} steps, bundled KJV corpus (validation: {} fixed held-out windows). Learning rates (peak, warmup then cosine to 10%): AdamW {}, sign-SGD {}, Cohort {}; weight decay 0.1; Cohort: 64x64 DCT chunks, top-{topk} per chunk, momentum decay {}, decoder `{:?}`, adaptive β2 {}.\n\n| method | final val loss | ratio to (a) | bytes sent / member / step | compression vs fp32 | tokens/s |\n|---|---|---|---|---|---|\n",
         model.arch(),
         model.num_params(),
         train.batch,
@@ -251,7 +254,9 @@ pub fn run(raw: &[String]) -> Result<()> {
         lr_adamw.base,
         lr_sign.base,
         lr_cohort.base,
-        train.compress.decay
+        train.compress.decay,
+        train.compress.decode,
+        train.adaptive_beta2
     );
     println!(
         "\n| method | final val loss | ratio to (a) | bytes/member/step | compression vs fp32 | tokens/s |"
@@ -310,6 +315,12 @@ pub fn run(raw: &[String]) -> Result<()> {
         .num("seq_len", model.seq_len as f64)
         .num("steps", steps as f64)
         .num("topk", topk as f64)
+        .num("momentum_decay", train.compress.decay as f64)
+        .text(
+            "decode",
+            &format!("{:?}", train.compress.decode).to_lowercase(),
+        )
+        .num("adaptive_beta2", train.adaptive_beta2 as f64)
         .num("lr_adamw", lr_adamw.base as f64)
         .num("lr_sign", lr_sign.base as f64)
         .num("lr_cohort", lr_cohort.base as f64)

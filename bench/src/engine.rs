@@ -104,6 +104,7 @@ pub fn run(raw: &[String]) -> Result<()> {
             min_ratio: 0.1,
         },
         weight_decay: 0.1,
+        adaptive_beta2: 0.0,
         batch,
         micro_batch: batch,
     };

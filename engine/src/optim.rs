@@ -32,6 +32,18 @@ pub fn sign_sgd_step(values: &mut [Vec<f32>], directions: &[Vec<f32>], lr: f32, 
     }
 }
 
+/// Adam's second-moment normalization applied to an already aggregated
+/// direction: `v <- b2 v + (1 - b2) d^2`, `d <- d / (sqrt(v / (1 - b2^t)) + eps)`.
+pub fn adaptive_scale(dirs: &mut [Vec<f32>], v: &mut [Vec<f32>], beta2: f32, t: u32) {
+    let correction = 1.0 - beta2.powi(t.min(i32::MAX as u32) as i32);
+    for (d, v) in dirs.iter_mut().zip(v.iter_mut()) {
+        for (di, vi) in d.iter_mut().zip(v.iter_mut()) {
+            *vi = beta2 * *vi + (1.0 - beta2) * *di * *di;
+            *di /= (*vi / correction).sqrt() + 1e-8;
+        }
+    }
+}
+
 /// Dense AdamW (decoupled weight decay), the baseline optimizer.
 #[derive(Debug, Clone)]
 pub struct AdamW {
@@ -91,6 +103,20 @@ mod tests {
         assert!((s.at(10) - 1.0).abs() < 1e-6);
         assert!((s.at(60) - 0.55).abs() < 1e-4);
         assert!((s.at(500) - 0.1).abs() < 1e-6);
+    }
+
+    #[test]
+    fn adaptive_scale_normalizes_each_coordinate() {
+        let mut v = vec![vec![0.0f32; 2]];
+        // A coordinate that is always 10x larger ends up with the same step size.
+        for t in 1..=50 {
+            let mut d = vec![vec![10.0f32, 1.0]];
+            adaptive_scale(&mut d, &mut v, 0.9, t);
+            assert!(
+                (d[0][0] - 1.0).abs() < 1e-3 && (d[0][1] - 1.0).abs() < 1e-3,
+                "{d:?}"
+            );
+        }
     }
 
     #[test]

@@ -7,7 +7,7 @@ use crate::compress::{CompressConfig, Compressor, Layout, aggregate};
 use crate::data::{self, Corpus};
 use crate::error::EngineError;
 use crate::model::ModelConfig;
-use crate::optim::{LrSchedule, sign_sgd_step};
+use crate::optim::{LrSchedule, adaptive_scale, sign_sgd_step};
 use crate::params::ParamSet;
 use crate::wire::Contribution;
 use std::io::Write;
@@ -24,6 +24,11 @@ pub struct TrainConfig {
     /// Sequences per forward pass; gradients of micro-batches are averaged.
     /// Lower it to fit a smaller GPU: the result is the same update.
     pub micro_batch: usize,
+    /// When > 0, the decoded direction is divided per coordinate by the root
+    /// of its running second moment (decay `adaptive_beta2`), as Adam does
+    /// for gradients. Computed from the shared direction only, so every node
+    /// keeps the same state.
+    pub adaptive_beta2: f32,
 }
 
 impl TrainConfig {
@@ -32,12 +37,13 @@ impl TrainConfig {
             model: ModelConfig::tiny(),
             compress: CompressConfig::default(),
             lr: LrSchedule {
-                base: 1e-3,
+                base: 2e-3,
                 warmup: total_steps / 20 + 1,
                 total: total_steps,
                 min_ratio: 0.1,
             },
             weight_decay: 0.1,
+            adaptive_beta2: 0.0,
             batch: 8,
             micro_batch: 8,
         }
@@ -59,6 +65,8 @@ pub struct Trainer {
     layout: Layout,
     params: ParamSet,
     compressor: Compressor,
+    /// Running second moment of the applied direction (see `adaptive_beta2`).
+    second_moment: Vec<Vec<f32>>,
     /// Updates applied so far; the next contribution is for this step.
     step: u32,
     engine: Box<dyn GradientEngine>,
@@ -91,12 +99,14 @@ impl Trainer {
         let params = cfg.model.init(init_seed);
         let layout = Layout::new(&params.shapes, &cfg.compress);
         let compressor = Compressor::new(&layout, cfg.compress);
+        let second_moment = params.values.iter().map(|v| vec![0.0; v.len()]).collect();
         Ok(Self {
             cfg,
             id,
             layout,
             params,
             compressor,
+            second_moment,
             step: 0,
             engine,
             corpus,
@@ -234,7 +244,15 @@ impl Trainer {
             }
             c.payload.validate(&self.layout)?;
         }
-        let dirs = aggregate(&self.layout, weighted, self.cfg.compress.decode);
+        let mut dirs = aggregate(&self.layout, weighted, self.cfg.compress.decode);
+        if self.cfg.adaptive_beta2 > 0.0 {
+            adaptive_scale(
+                &mut dirs,
+                &mut self.second_moment,
+                self.cfg.adaptive_beta2,
+                self.step + 1,
+            );
+        }
         let lr = self.cfg.lr.at(self.step);
         sign_sgd_step(&mut self.params.values, &dirs, lr, self.cfg.weight_decay);
         self.step += 1;
@@ -283,7 +301,11 @@ impl Trainer {
         buf.extend_from_slice(arch.as_bytes());
         buf.extend_from_slice(&self.id.job);
         buf.extend_from_slice(&self.step.to_le_bytes());
-        for set in [&self.params.values, &self.compressor.momentum] {
+        for set in [
+            &self.params.values,
+            &self.compressor.momentum,
+            &self.second_moment,
+        ] {
             buf.extend_from_slice(&(set.len() as u32).to_le_bytes());
             for v in set.iter() {
                 buf.extend_from_slice(&(v.len() as u64).to_le_bytes());
@@ -354,7 +376,7 @@ impl Trainer {
         }
         let step = r.u32().ok_or_else(|| fail("truncated".into()))?;
         let mut sets = Vec::new();
-        for _ in 0..2 {
+        for _ in 0..3 {
             let count = r.u32().ok_or_else(|| fail("truncated".into()))? as usize;
             if count != self.params.values.len() {
                 return Err(fail(format!(
@@ -380,9 +402,11 @@ impl Trainer {
             }
             sets.push(set);
         }
+        let second_moment = sets.pop().unwrap_or_default();
         let momentum = sets.pop().unwrap_or_default();
         self.params.values = sets.pop().unwrap_or_default();
         self.compressor.momentum = momentum;
+        self.second_moment = second_moment;
         self.step = step;
         Ok(())
     }
