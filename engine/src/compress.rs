@@ -4,6 +4,7 @@
 
 use crate::dct::{Dct, Tiling};
 use crate::error::EngineError;
+use rayon::prelude::*;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CompressConfig {
@@ -163,45 +164,50 @@ impl Compressor {
             }
         }
         let decay = self.cfg.decay;
-        let mut params = Vec::with_capacity(grads.len());
-        let mut coef = Vec::new();
-        let mut tmp = Vec::new();
-        let mut order: Vec<u16> = Vec::new();
-        for (p, g) in grads.iter().enumerate() {
-            let m = &mut self.momentum[p];
-            for (mi, gi) in m.iter_mut().zip(g) {
-                *mi = decay * *mi + gi;
-            }
-            let dct = &layout.dcts[p];
-            let k = layout.topk[p];
-            let size = dct.tiling.chunk_size();
-            coef.resize(size, 0.0);
-            let mut out = SparseSigns::default();
-            for ch in 0..dct.tiling.chunks() {
-                dct.forward_chunk(m, ch, &mut coef, &mut tmp);
-                order.clear();
-                order.extend(0..size as u16);
-                // Largest magnitude first; ties broken by index so every
-                // implementation keeps the same coefficients.
-                order.select_nth_unstable_by(k - 1, |&a, &b| {
-                    coef[b as usize]
-                        .abs()
-                        .total_cmp(&coef[a as usize].abs())
-                        .then(a.cmp(&b))
-                });
-                let kept = &mut order[..k];
-                kept.sort_unstable();
-                for &i in kept.iter() {
-                    let v = coef[i as usize];
-                    out.idx.push(i);
-                    out.neg.push(v < 0.0);
-                    dct.add_basis(m, ch, i as usize, -v);
-                }
-            }
-            params.push(out);
-        }
+        // Parameters are independent: compress them in parallel. Each one's
+        // arithmetic is sequential, so the result does not depend on threads.
+        let params = grads
+            .par_iter()
+            .zip(self.momentum.par_iter_mut())
+            .enumerate()
+            .map(|(p, (g, m))| compress_param(&layout.dcts[p], layout.topk[p], decay, m, g))
+            .collect();
         Ok(Payload { params })
     }
+}
+
+/// Momentum update, top-k extraction and error feedback for one parameter.
+fn compress_param(dct: &Dct, k: usize, decay: f32, m: &mut [f32], g: &[f32]) -> SparseSigns {
+    for (mi, gi) in m.iter_mut().zip(g) {
+        *mi = decay * *mi + gi;
+    }
+    let size = dct.tiling.chunk_size();
+    let mut coef = vec![0f32; size];
+    let mut tmp = Vec::new();
+    let mut order: Vec<u16> = Vec::with_capacity(size);
+    let mut out = SparseSigns::default();
+    for ch in 0..dct.tiling.chunks() {
+        dct.forward_chunk(m, ch, &mut coef, &mut tmp);
+        order.clear();
+        order.extend(0..size as u16);
+        // Largest magnitude first; ties broken by index so every
+        // implementation keeps the same coefficients.
+        order.select_nth_unstable_by(k - 1, |&a, &b| {
+            coef[b as usize]
+                .abs()
+                .total_cmp(&coef[a as usize].abs())
+                .then(a.cmp(&b))
+        });
+        let kept = &mut order[..k];
+        kept.sort_unstable();
+        for &i in kept.iter() {
+            let v = coef[i as usize];
+            out.idx.push(i);
+            out.neg.push(v < 0.0);
+            dct.add_basis(m, ch, i as usize, -v);
+        }
+    }
+    out
 }
 
 /// Sums members' signs per coefficient (integer votes, weighted), inverse-DCTs
@@ -214,61 +220,64 @@ pub fn aggregate(
     contributions: &[(&Payload, i32)],
     decode: Decode,
 ) -> Vec<Vec<f32>> {
-    let mut dirs = Vec::with_capacity(layout.dcts.len());
-    let mut votes: Vec<i32> = Vec::new();
-    let mut touched: Vec<u16> = Vec::new();
-    for (p, dct) in layout.dcts.iter().enumerate() {
-        let k = layout.topk[p];
-        let mut x = vec![0f32; layout.numel(p)];
-        votes.clear();
-        votes.resize(dct.tiling.chunk_size(), 0);
-        for ch in 0..dct.tiling.chunks() {
-            touched.clear();
-            for (payload, weight) in contributions {
-                let s = &payload.params[p];
-                let range = ch * k..(ch + 1) * k;
-                for (i, neg) in s.idx[range.clone()].iter().zip(&s.neg[range]) {
-                    if votes[*i as usize] == 0 {
-                        touched.push(*i);
+    // Parameters are independent, so they decode in parallel; within one,
+    // the order of operations is fixed.
+    layout
+        .dcts
+        .par_iter()
+        .enumerate()
+        .map(|(p, dct)| {
+            let k = layout.topk[p];
+            let mut x = vec![0f32; layout.numel(p)];
+            let mut votes = vec![0i32; dct.tiling.chunk_size()];
+            let mut touched: Vec<u16> = Vec::new();
+            for ch in 0..dct.tiling.chunks() {
+                touched.clear();
+                for (payload, weight) in contributions {
+                    let s = &payload.params[p];
+                    let range = ch * k..(ch + 1) * k;
+                    for (i, neg) in s.idx[range.clone()].iter().zip(&s.neg[range]) {
+                        if votes[*i as usize] == 0 {
+                            touched.push(*i);
+                        }
+                        votes[*i as usize] += if *neg { -weight } else { *weight };
                     }
-                    votes[*i as usize] += if *neg { -weight } else { *weight };
+                }
+                touched.sort_unstable();
+                touched.dedup();
+                for &i in &touched {
+                    let v = votes[i as usize];
+                    if v != 0 {
+                        dct.add_basis(&mut x, ch, i as usize, v as f32);
+                    }
+                    votes[i as usize] = 0;
                 }
             }
-            touched.sort_unstable();
-            touched.dedup();
-            for &i in &touched {
-                let v = votes[i as usize];
-                if v != 0 {
-                    dct.add_basis(&mut x, ch, i as usize, v as f32);
+            match decode {
+                Decode::Sign => {
+                    for v in x.iter_mut() {
+                        *v = if *v > 0.0 {
+                            1.0
+                        } else if *v < 0.0 {
+                            -1.0
+                        } else {
+                            0.0
+                        };
+                    }
                 }
-                votes[i as usize] = 0;
-            }
-        }
-        match decode {
-            Decode::Sign => {
-                for v in x.iter_mut() {
-                    *v = if *v > 0.0 {
-                        1.0
-                    } else if *v < 0.0 {
-                        -1.0
-                    } else {
-                        0.0
-                    };
-                }
-            }
-            Decode::Rms => {
-                // f64 accumulation in index order: the same bits on every node.
-                let ms = x.iter().map(|v| (*v as f64) * (*v as f64)).sum::<f64>()
-                    / x.len().max(1) as f64;
-                if ms > 0.0 {
-                    let inv = (1.0 / ms.sqrt()) as f32;
-                    x.iter_mut().for_each(|v| *v *= inv);
+                Decode::Rms => {
+                    // f64 accumulation in index order: the same bits on every node.
+                    let ms = x.iter().map(|v| (*v as f64) * (*v as f64)).sum::<f64>()
+                        / x.len().max(1) as f64;
+                    if ms > 0.0 {
+                        let inv = (1.0 / ms.sqrt()) as f32;
+                        x.iter_mut().for_each(|v| *v *= inv);
+                    }
                 }
             }
-        }
-        dirs.push(x);
-    }
-    dirs
+            x
+        })
+        .collect()
 }
 
 #[cfg(test)]
