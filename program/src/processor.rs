@@ -928,10 +928,8 @@ impl<'a, 'b> Ctx<'a, 'b> {
         let job_ai = next_account_info(it)?;
         let member_ai = next_account_info(it)?;
         signer(owner)?;
-        let member: Member = load(member_ai, self.program_id)?;
-        same(&member.node, owner.key, CohortError::AccountMismatch)?;
-        same(&member.job, job_ai.key, CohortError::AccountMismatch)?;
         let member = self.member_at(member_ai, job_ai.key)?;
+        same(&member.node, owner.key, CohortError::AccountMismatch)?;
         // A closed job leaves no account behind; its members may always close.
         let job_closed = job_ai.owner != self.program_id && job_ai.lamports() == 0;
         if !job_closed && member.status == MemberStatus::Active {
@@ -953,8 +951,6 @@ impl<'a, 'b> Ctx<'a, 'b> {
         let payer = next_account_info(it)?;
         let job_ai = next_account_info(it)?;
         let epoch_ai = next_account_info(it)?;
-        let epoch: Epoch = load(epoch_ai, self.program_id)?;
-        same(&epoch.job, job_ai.key, CohortError::AccountMismatch)?;
         let epoch = self.epoch_at(epoch_ai, job_ai.key)?;
         same(payer.key, &epoch.rent_payer, CohortError::AccountMismatch)?;
         let job_closed = job_ai.owner != self.program_id && job_ai.lamports() == 0;
