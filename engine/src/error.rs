@@ -21,3 +21,9 @@ pub enum EngineError {
     #[error(transparent)]
     Io(#[from] std::io::Error),
 }
+
+impl From<cohort_program::codec::CodecError> for EngineError {
+    fn from(_: cohort_program::codec::CodecError) -> Self {
+        EngineError::Malformed("truncated".into())
+    }
+}

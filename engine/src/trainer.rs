@@ -10,6 +10,7 @@ use crate::model::ModelConfig;
 use crate::optim::{LrSchedule, adaptive_scale, sign_sgd_step};
 use crate::params::ParamSet;
 use crate::wire::Contribution;
+use cohort_program::codec::Reader;
 use std::io::Write;
 use std::path::Path;
 
@@ -214,17 +215,22 @@ impl Trainer {
     /// Applies the step's agreed contributions (all or none): majority of
     /// signs in the DCT domain, inverse DCT, sign-SGD with weight decay.
     pub fn apply(&mut self, contributions: &[Contribution]) -> Result<(), EngineError> {
-        let weighted: Vec<(&crate::compress::Payload, i32)> =
-            contributions.iter().map(|c| (&c.payload, 1)).collect();
-        self.apply_weighted(contributions, &weighted)
+        self.apply_weighted(contributions, &vec![1; contributions.len()])
     }
 
     /// As [`Trainer::apply`], with an integer trust weight per contribution.
     pub fn apply_weighted(
         &mut self,
         contributions: &[Contribution],
-        weighted: &[(&crate::compress::Payload, i32)],
+        weights: &[i32],
     ) -> Result<(), EngineError> {
+        if weights.len() != contributions.len() {
+            return Err(EngineError::Shape(format!(
+                "{} weights for {} contributions",
+                weights.len(),
+                contributions.len()
+            )));
+        }
         for (i, c) in contributions.iter().enumerate() {
             if c.step != self.step {
                 return Err(EngineError::Malformed(format!(
@@ -244,7 +250,12 @@ impl Trainer {
             }
             c.payload.validate(&self.layout)?;
         }
-        let mut dirs = aggregate(&self.layout, weighted, self.cfg.compress.decode);
+        let weighted: Vec<_> = contributions
+            .iter()
+            .map(|c| &c.payload)
+            .zip(weights.iter().copied())
+            .collect();
+        let mut dirs = aggregate(&self.layout, &weighted, self.cfg.compress.decode);
         if self.cfg.adaptive_beta2 > 0.0 {
             adaptive_scale(
                 &mut dirs,
@@ -352,32 +363,34 @@ impl Trainer {
                 "checksum mismatch: the file is corrupt or truncated".into(),
             ));
         }
-        let mut r = Cur { b: body, p: 4 };
-        let version = r.u32().ok_or_else(|| fail("truncated".into()))?;
+        let truncated = |_| fail("truncated".into());
+        let mut r = Reader::new(body);
+        r.bytes(4).map_err(truncated)?;
+        let version = r.u32().map_err(truncated)?;
         if version != CHECKPOINT_VERSION {
             return Err(fail(format!(
                 "version {version}, this build reads {CHECKPOINT_VERSION}"
             )));
         }
-        let n = r.u16().ok_or_else(|| fail("truncated".into()))? as usize;
+        let n = r.u16().map_err(truncated)? as usize;
         let arch = r
-            .take(n)
+            .bytes(n)
             .map(|a| String::from_utf8_lossy(a).into_owned())
-            .ok_or_else(|| fail("truncated".into()))?;
+            .map_err(truncated)?;
         if arch != self.cfg.model.arch() {
             return Err(fail(format!(
                 "holds `{arch}`, this job trains `{}`",
                 self.cfg.model.arch()
             )));
         }
-        let job = r.take(32).ok_or_else(|| fail("truncated".into()))?;
+        let job = r.bytes(32).map_err(truncated)?;
         if job != self.id.job {
             return Err(fail("belongs to another job".into()));
         }
-        let step = r.u32().ok_or_else(|| fail("truncated".into()))?;
+        let step = r.u32().map_err(truncated)?;
         let mut sets = Vec::new();
         for _ in 0..3 {
-            let count = r.u32().ok_or_else(|| fail("truncated".into()))? as usize;
+            let count = r.u32().map_err(truncated)? as usize;
             if count != self.params.values.len() {
                 return Err(fail(format!(
                     "{count} tensors, model has {}",
@@ -386,14 +399,14 @@ impl Trainer {
             }
             let mut set = Vec::with_capacity(count);
             for (i, want) in self.params.values.iter().enumerate() {
-                let len = r.u64().ok_or_else(|| fail("truncated".into()))? as usize;
+                let len = r.u64().map_err(truncated)? as usize;
                 if len != want.len() {
                     return Err(fail(format!(
                         "tensor {i} has {len} values, expected {}",
                         want.len()
                     )));
                 }
-                let raw = r.take(len * 4).ok_or_else(|| fail("truncated".into()))?;
+                let raw = r.bytes(len.saturating_mul(4)).map_err(truncated)?;
                 set.push(
                     raw.chunks_exact(4)
                         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
@@ -414,25 +427,3 @@ impl Trainer {
 
 const CHECKPOINT_MAGIC: &[u8; 4] = b"CHKP";
 const CHECKPOINT_VERSION: u32 = 1;
-
-struct Cur<'a> {
-    b: &'a [u8],
-    p: usize,
-}
-
-impl<'a> Cur<'a> {
-    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
-        let s = self.b.get(self.p..self.p.checked_add(n)?)?;
-        self.p += n;
-        Some(s)
-    }
-    fn u16(&mut self) -> Option<u16> {
-        Some(u16::from_le_bytes(self.take(2)?.try_into().ok()?))
-    }
-    fn u32(&mut self) -> Option<u32> {
-        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
-    }
-    fn u64(&mut self) -> Option<u64> {
-        Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
-    }
-}

@@ -14,6 +14,7 @@
 
 use crate::compress::{Layout, Payload, SparseSigns};
 use crate::error::EngineError;
+use cohort_program::codec::Reader;
 
 pub const VERSION: u8 = 1;
 const MAGIC: &[u8; 3] = b"CHC";
@@ -96,36 +97,15 @@ pub fn encode_payload(p: &Payload, layout: &Layout) -> Vec<u8> {
     w.out
 }
 
-struct Cursor<'a> {
-    buf: &'a [u8],
-    pos: usize,
-}
-
-impl<'a> Cursor<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], EngineError> {
-        let end = self.pos.checked_add(n).filter(|e| *e <= self.buf.len());
-        let end = end.ok_or_else(|| {
-            EngineError::Malformed(format!("truncated at byte {} (wanted {n} more)", self.pos))
-        })?;
-        let s = &self.buf[self.pos..end];
-        self.pos = end;
-        Ok(s)
-    }
-    fn arr<const N: usize>(&mut self) -> Result<[u8; N], EngineError> {
-        let mut a = [0u8; N];
-        a.copy_from_slice(self.take(N)?);
-        Ok(a)
-    }
-    fn u16(&mut self) -> Result<u16, EngineError> {
-        Ok(u16::from_le_bytes(self.arr()?))
-    }
-    fn u32(&mut self) -> Result<u32, EngineError> {
-        Ok(u32::from_le_bytes(self.arr()?))
+fn trailing(r: &Reader) -> Result<(), EngineError> {
+    match r.remaining() {
+        0 => Ok(()),
+        n => Err(EngineError::Malformed(format!("{n} trailing bytes"))),
     }
 }
 
 pub fn decode_payload(buf: &[u8], layout: &Layout) -> Result<Payload, EngineError> {
-    let mut c = Cursor { buf, pos: 0 };
+    let mut c = Reader::new(buf);
     let count = c.u16()? as usize;
     if count != layout.dcts.len() {
         return Err(EngineError::Shape(format!(
@@ -136,11 +116,7 @@ pub fn decode_payload(buf: &[u8], layout: &Layout) -> Result<Payload, EngineErro
     let mut params = Vec::with_capacity(count);
     for p in 0..count {
         let t = &layout.dcts[p].tiling;
-        let (chunks, size, k) = (
-            c.u32()? as usize,
-            c.u16()? as usize,
-            c.arr::<1>()?[0] as usize,
-        );
+        let (chunks, size, k) = (c.u32()? as usize, c.u16()? as usize, c.u8()? as usize);
         if chunks != t.chunks() || size != t.chunk_size() || k != layout.topk[p] {
             return Err(EngineError::Shape(format!(
                 "parameter {p}: {chunks} chunks of {size} with k={k}, model has {} of {} with k={}",
@@ -151,7 +127,7 @@ pub fn decode_payload(buf: &[u8], layout: &Layout) -> Result<Payload, EngineErro
         }
         let bits = index_bits(size);
         let n = chunks * k;
-        let bytes = c.take((n * (bits as usize + 1)).div_ceil(8))?;
+        let bytes = c.bytes((n * (bits as usize + 1)).div_ceil(8))?;
         let mut s = SparseSigns {
             idx: Vec::with_capacity(n),
             neg: Vec::with_capacity(n),
@@ -170,12 +146,7 @@ pub fn decode_payload(buf: &[u8], layout: &Layout) -> Result<Payload, EngineErro
         }
         params.push(s);
     }
-    if c.pos != buf.len() {
-        return Err(EngineError::Malformed(format!(
-            "{} trailing bytes",
-            buf.len() - c.pos
-        )));
-    }
+    trailing(&c)?;
     let payload = Payload { params };
     payload.validate(layout)?;
     Ok(payload)
@@ -199,34 +170,29 @@ impl Contribution {
     }
 
     pub fn decode(buf: &[u8], layout: &Layout) -> Result<Self, EngineError> {
-        let mut c = Cursor { buf, pos: 0 };
-        if c.take(3)? != MAGIC {
+        let mut c = Reader::new(buf);
+        if c.bytes(3)? != MAGIC {
             return Err(EngineError::Malformed("not a Cohort contribution".into()));
         }
-        let version = c.arr::<1>()?[0];
+        let version = c.u8()?;
         if version != VERSION {
             return Err(EngineError::Version {
                 found: version,
                 supported: VERSION,
             });
         }
-        let job = c.arr()?;
+        let job = c.array()?;
         let epoch = c.u32()?;
         let step = c.u32()?;
-        let member = c.arr()?;
-        let train_loss = f32::from_le_bytes(c.arr()?);
+        let member = c.array()?;
+        let train_loss = f32::from_le_bytes(c.array()?);
         if !train_loss.is_finite() {
             return Err(EngineError::NonFinite("reported training loss".into()));
         }
-        let momentum_hash = c.arr()?;
+        let momentum_hash = c.array()?;
         let len = c.u32()? as usize;
-        let payload = decode_payload(c.take(len)?, layout)?;
-        if c.pos != buf.len() {
-            return Err(EngineError::Malformed(format!(
-                "{} trailing bytes",
-                buf.len() - c.pos
-            )));
-        }
+        let payload = decode_payload(c.bytes(len)?, layout)?;
+        trailing(&c)?;
         Ok(Self {
             job,
             epoch,
