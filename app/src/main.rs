@@ -10,6 +10,7 @@ Cohort: join decentralized AI training with one click.
 
 Usage:
   cohort demo [--nodes N] [--epochs N] [--steps N]
+  cohort node --peer-only --index I --members N [...]   one P2P member (see --help)
                                          train a job end to end on an embedded local chain
   cohort --version                       print the version
   cohort --help                          print this help
@@ -43,6 +44,11 @@ fn run(args: Vec<String>) -> Result<()> {
                 .enable_all()
                 .build()?;
             rt.block_on(demo::run(opts)).map(|_| ())
+        }
+        // One member of a local job on libp2p, without chain or UI (the
+        // node lifecycle builds on it). Exits with the peer's own code.
+        Some("node") if args.get(1).map(String::as_str) == Some("--peer-only") => {
+            std::process::exit(cohort_engine::net::peer::main(&args[2..]))
         }
         Some(other) => bail!("unknown command `{other}`; run `cohort --help`"),
     }

@@ -4,15 +4,22 @@
 
 mod args;
 mod convergence;
+mod efficiency;
 mod engine;
 mod report;
+mod simulate;
 
-const USAGE: &str = "usage: cohort-bench <convergence|engine> [--flag value ...]
+const USAGE: &str = "usage: cohort-bench <convergence|engine|efficiency|simulate|peer> [--flag value ...]
 
   convergence  dense AdamW vs dense sign-SGD vs Cohort compressed, same tokens
                flags: --steps --members --arch --batch --topk --lr-adamw --lr-sign --lr-cohort --eval-windows
   engine       one member's training tokens/s vs the same model in PyTorch
                flags: --arch --batch --steps --backend (auto|cpu|wgpu|cuda) --threads
+  efficiency   N member processes over libp2p, shaped vs loopback vs no network
+               flags: --members --steps --arch --batch --mbit --rtt-ms --warmup
+  simulate     the step protocol in virtual time: 48 nodes and 1,000 nodes
+               flags: --arch --gpus-per-node --gpu-tflops --mfu --tokens-per-gpu --steps ...
+  peer         one member process (what `efficiency` spawns); see --help
 ";
 
 fn main() {
@@ -20,6 +27,9 @@ fn main() {
     let result = match args.first().map(String::as_str) {
         Some("convergence") => convergence::run(&args[1..]),
         Some("engine") => engine::run(&args[1..]),
+        Some("efficiency") => efficiency::run(&args[1..]),
+        Some("simulate") => simulate::run(&args[1..]),
+        Some("peer") => std::process::exit(cohort_engine::net::peer::main(&args[1..])),
         Some("-h") | Some("--help") | None => {
             print!("{USAGE}");
             return;

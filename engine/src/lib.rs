@@ -16,6 +16,7 @@ pub mod dct;
 pub mod error;
 pub mod ledger;
 pub mod model;
+pub mod net;
 pub mod optim;
 pub mod params;
 pub mod wire;

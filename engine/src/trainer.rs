@@ -151,9 +151,18 @@ impl Trainer {
         seed: &[u8; 32],
         epoch: u32,
     ) -> Result<(f32, Vec<Vec<f32>>), EngineError> {
+        self.gradients_for(seed, epoch, self.step)
+    }
+
+    fn gradients_for(
+        &mut self,
+        seed: &[u8; 32],
+        epoch: u32,
+        step: u32,
+    ) -> Result<(f32, Vec<Vec<f32>>), EngineError> {
         let (b, mb, t) = (self.cfg.batch, self.cfg.micro_batch, self.cfg.model.seq_len);
         let train = self.corpus.train();
-        let offsets = data::batch_offsets(seed, epoch, self.step, self.id.index, b, t, train.len());
+        let offsets = data::batch_offsets(seed, epoch, step, self.id.index, b, t, train.len());
         let mut total: Option<(f32, Vec<Vec<f32>>)> = None;
         for part in offsets.chunks(mb) {
             let (x, y) = data::windows(train, part, t);
@@ -187,8 +196,26 @@ impl Trainer {
         seed: &[u8; 32],
         epoch: u32,
     ) -> Result<(Contribution, StepStats), EngineError> {
+        self.compute_step(seed, epoch, self.step)
+    }
+
+    /// The contribution for `step` computed on the current weights. The P2P
+    /// layer computes step t+1 while step t is still being exchanged, so
+    /// `step` may run one ahead of the updates applied so far.
+    pub fn compute_step(
+        &mut self,
+        seed: &[u8; 32],
+        epoch: u32,
+        step: u32,
+    ) -> Result<(Contribution, StepStats), EngineError> {
+        if step != self.step && step != self.step + 1 {
+            return Err(EngineError::Config(format!(
+                "cannot compute step {step} at step {}: at most one step ahead",
+                self.step
+            )));
+        }
         let started = std::time::Instant::now();
-        let (loss, grads) = self.gradients(seed, epoch)?;
+        let (loss, grads) = self.gradients_for(seed, epoch, step)?;
         if !loss.is_finite() {
             return Err(EngineError::NonFinite("training loss".into()));
         }
@@ -197,7 +224,7 @@ impl Trainer {
         let c = Contribution {
             job: self.id.job,
             epoch,
-            step: self.step,
+            step,
             member: self.id.member,
             train_loss: loss,
             momentum_hash,
@@ -297,6 +324,68 @@ impl Trainer {
             ));
         }
         self.params = params;
+        self.step = step;
+        Ok(())
+    }
+
+    /// The state every honest member holds identically (weights, the
+    /// shared second moment and the step), encoded for a late joiner.
+    /// Momentum is each member's own and is not part of it.
+    pub fn snapshot(&self) -> Vec<u8> {
+        let mut buf = Vec::with_capacity(8 * self.params.numel() + 64);
+        buf.extend_from_slice(SNAPSHOT_MAGIC);
+        buf.extend_from_slice(&self.id.job);
+        buf.extend_from_slice(&self.step.to_le_bytes());
+        for set in [&self.params.values, &self.second_moment] {
+            for v in set.iter() {
+                for x in v {
+                    buf.extend_from_slice(&x.to_le_bytes());
+                }
+            }
+        }
+        buf
+    }
+
+    /// Hash of [`Trainer::snapshot`]: what a step manifest commits to.
+    pub fn state_hash(&self) -> [u8; 32] {
+        *blake3::hash(&self.snapshot()).as_bytes()
+    }
+
+    /// Replaces the shared state with a snapshot whose hash the caller has
+    /// checked; keeps this member's momentum. Changes nothing on error.
+    pub fn load_snapshot(&mut self, buf: &[u8]) -> Result<(), EngineError> {
+        let numel = self.params.numel();
+        let want = SNAPSHOT_MAGIC.len() + 32 + 4 + 8 * numel;
+        if buf.len() != want || &buf[..4] != SNAPSHOT_MAGIC {
+            return Err(EngineError::Malformed(format!(
+                "snapshot of {} bytes, this model needs {want}",
+                buf.len()
+            )));
+        }
+        if buf[4..36] != self.id.job {
+            return Err(EngineError::Malformed(
+                "snapshot belongs to another job".into(),
+            ));
+        }
+        let step = u32::from_le_bytes([buf[36], buf[37], buf[38], buf[39]]);
+        let mut floats = buf[40..]
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+        let mut fill = |set: &mut Vec<Vec<f32>>| {
+            for v in set.iter_mut() {
+                for x in v.iter_mut() {
+                    *x = floats.next().unwrap_or(0.0);
+                }
+            }
+        };
+        let (mut values, mut second) = (self.params.values.clone(), self.second_moment.clone());
+        fill(&mut values);
+        fill(&mut second);
+        if values.iter().flatten().any(|x| !x.is_finite()) {
+            return Err(EngineError::NonFinite("snapshot weights".into()));
+        }
+        self.params.values = values;
+        self.second_moment = second;
         self.step = step;
         Ok(())
     }
@@ -426,4 +515,5 @@ impl Trainer {
 }
 
 const CHECKPOINT_MAGIC: &[u8; 4] = b"CHKP";
+const SNAPSHOT_MAGIC: &[u8; 4] = b"CHSS";
 const CHECKPOINT_VERSION: u32 = 1;

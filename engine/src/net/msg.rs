@@ -1,0 +1,503 @@
+//! Protocol messages, defined once for every side (nodes, tests, simulator).
+//!
+//! Gossip messages are small, signed by the member's node key (the same
+//! ed25519 key as its Solana account), and carry the job so a message from
+//! another job is refused even when its signature is good.
+//!
+//! ```text
+//! envelope  := magic "CHN" | version u8 | kind u8 | body | signer [32] | sig [64]
+//!              sig = ed25519(signer, "cohort-net-v1" | everything before signer)
+//! announce  := job [32] | epoch u32 | step u32 | member u32 | payload_hash [32]
+//!              | momentum_hash [32] | len u32 | produced_us u64
+//! manifest  := job [32] | epoch u32 | step u32 | attempt u8 | leader u32
+//!              | state_hash [32] | count u16 | count × (member u32 | hash [32])
+//! heartbeat := job [32] | member u32 | seq u64 | ready_from u32 | applied u32
+//! ```
+
+use cohort_program::codec::Reader;
+use libp2p::identity::ed25519;
+
+pub const VERSION: u8 = 1;
+const MAGIC: &[u8; 3] = b"CHN";
+const DOMAIN: &[u8] = b"cohort-net-v1";
+/// Largest gossip message a node accepts: a manifest for 64 members is
+/// 2.4 kB, so anything bigger is hostile.
+pub const MAX_GOSSIP: usize = 4096;
+/// Members listed in one manifest (bounded so the size limit holds).
+pub const MAX_MANIFEST_ENTRIES: usize = 96;
+const TRAILER: usize = 32 + 64;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Announce {
+    pub job: [u8; 32],
+    pub epoch: u32,
+    pub step: u32,
+    pub member: u32,
+    /// blake3 of the encoded contribution, which peers fetch by this hash.
+    pub payload_hash: [u8; 32],
+    pub momentum_hash: [u8; 32],
+    pub len: u32,
+    /// Sender's wall clock when the contribution was ready (µs since Unix
+    /// epoch); only used to split step time into waiting and communication.
+    pub produced_us: u64,
+}
+
+/// The step leader's list of what every node applies for one step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Manifest {
+    pub job: [u8; 32],
+    pub epoch: u32,
+    pub step: u32,
+    /// 0 for the step's leader, n for the n-th fall-back leader.
+    pub attempt: u8,
+    pub leader: u32,
+    /// Hash of the shared state before this step's update (a joiner checks
+    /// the checkpoint it downloads against it).
+    pub state_hash: [u8; 32],
+    /// (member, contribution hash), sorted by member, at most one each.
+    pub entries: Vec<(u32, [u8; 32])>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Heartbeat {
+    pub job: [u8; 32],
+    pub member: u32,
+    /// Strictly increasing per sender: an older or equal one is a replay.
+    pub seq: u64,
+    /// First step this member will contribute to (a rejoiner announces it
+    /// so the leader waits for it).
+    pub ready_from: u32,
+    /// Updates this member has applied.
+    pub applied: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Body {
+    Announce(Announce),
+    Manifest(Manifest),
+    Heartbeat(Heartbeat),
+}
+
+impl Body {
+    pub fn job(&self) -> &[u8; 32] {
+        match self {
+            Body::Announce(a) => &a.job,
+            Body::Manifest(m) => &m.job,
+            Body::Heartbeat(h) => &h.job,
+        }
+    }
+    /// The member index the signer claims to be.
+    pub fn member(&self) -> u32 {
+        match self {
+            Body::Announce(a) => a.member,
+            Body::Manifest(m) => m.leader,
+            Body::Heartbeat(h) => h.member,
+        }
+    }
+    fn kind(&self) -> u8 {
+        match self {
+            Body::Announce(_) => 1,
+            Body::Manifest(_) => 2,
+            Body::Heartbeat(_) => 3,
+        }
+    }
+}
+
+/// A message whose signature checked out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Signed {
+    pub body: Body,
+    pub signer: [u8; 32],
+    /// The exact bytes received (what a node relays, or keeps as evidence).
+    pub raw: Vec<u8>,
+}
+
+/// Why an incoming message was dropped; each is counted per node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Drop {
+    Oversized,
+    Malformed,
+    BadSignature,
+    NotMember,
+    WrongJob,
+    Replayed,
+    /// A manifest from a member that is not that step's leader.
+    WrongLeader,
+    /// An unusable payload or checkpoint (bad hash, bad encoding).
+    BadBlob,
+}
+
+impl Drop {
+    pub const ALL: [Drop; 8] = [
+        Drop::Oversized,
+        Drop::Malformed,
+        Drop::BadSignature,
+        Drop::NotMember,
+        Drop::WrongJob,
+        Drop::Replayed,
+        Drop::WrongLeader,
+        Drop::BadBlob,
+    ];
+    pub fn name(self) -> &'static str {
+        match self {
+            Drop::Oversized => "oversized",
+            Drop::Malformed => "malformed",
+            Drop::BadSignature => "bad_signature",
+            Drop::NotMember => "not_member",
+            Drop::WrongJob => "wrong_job",
+            Drop::Replayed => "replayed",
+            Drop::WrongLeader => "wrong_leader",
+            Drop::BadBlob => "bad_blob",
+        }
+    }
+}
+
+fn body_bytes(body: &Body, out: &mut Vec<u8>) {
+    out.push(body.kind());
+    match body {
+        Body::Announce(a) => {
+            out.extend_from_slice(&a.job);
+            out.extend_from_slice(&a.epoch.to_le_bytes());
+            out.extend_from_slice(&a.step.to_le_bytes());
+            out.extend_from_slice(&a.member.to_le_bytes());
+            out.extend_from_slice(&a.payload_hash);
+            out.extend_from_slice(&a.momentum_hash);
+            out.extend_from_slice(&a.len.to_le_bytes());
+            out.extend_from_slice(&a.produced_us.to_le_bytes());
+        }
+        Body::Manifest(m) => {
+            out.extend_from_slice(&m.job);
+            out.extend_from_slice(&m.epoch.to_le_bytes());
+            out.extend_from_slice(&m.step.to_le_bytes());
+            out.push(m.attempt);
+            out.extend_from_slice(&m.leader.to_le_bytes());
+            out.extend_from_slice(&m.state_hash);
+            out.extend_from_slice(&(m.entries.len() as u16).to_le_bytes());
+            for (member, hash) in &m.entries {
+                out.extend_from_slice(&member.to_le_bytes());
+                out.extend_from_slice(hash);
+            }
+        }
+        Body::Heartbeat(h) => {
+            out.extend_from_slice(&h.job);
+            out.extend_from_slice(&h.member.to_le_bytes());
+            out.extend_from_slice(&h.seq.to_le_bytes());
+            out.extend_from_slice(&h.ready_from.to_le_bytes());
+            out.extend_from_slice(&h.applied.to_le_bytes());
+        }
+    }
+}
+
+/// Encodes and signs `body` with the node key.
+pub fn sign(body: &Body, key: &ed25519::Keypair) -> Vec<u8> {
+    let mut out = Vec::with_capacity(160);
+    out.extend_from_slice(MAGIC);
+    out.push(VERSION);
+    body_bytes(body, &mut out);
+    let sig = key.sign(&signing_input(&out));
+    out.extend_from_slice(&key.public().to_bytes());
+    out.extend_from_slice(&sig);
+    out
+}
+
+fn signing_input(unsigned: &[u8]) -> Vec<u8> {
+    let mut m = Vec::with_capacity(DOMAIN.len() + unsigned.len());
+    m.extend_from_slice(DOMAIN);
+    m.extend_from_slice(unsigned);
+    m
+}
+
+fn parse_body(r: &mut Reader) -> Result<Body, cohort_program::codec::CodecError> {
+    Ok(match r.u8()? {
+        1 => Body::Announce(Announce {
+            job: r.array()?,
+            epoch: r.u32()?,
+            step: r.u32()?,
+            member: r.u32()?,
+            payload_hash: r.array()?,
+            momentum_hash: r.array()?,
+            len: r.u32()?,
+            produced_us: r.u64()?,
+        }),
+        2 => {
+            let job = r.array()?;
+            let epoch = r.u32()?;
+            let step = r.u32()?;
+            let attempt = r.u8()?;
+            let leader = r.u32()?;
+            let state_hash = r.array()?;
+            let n = r.u16()? as usize;
+            if n > MAX_MANIFEST_ENTRIES {
+                return Err(cohort_program::codec::CodecError);
+            }
+            let mut entries = Vec::with_capacity(n);
+            for _ in 0..n {
+                entries.push((r.u32()?, r.array()?));
+            }
+            Body::Manifest(Manifest {
+                job,
+                epoch,
+                step,
+                attempt,
+                leader,
+                state_hash,
+                entries,
+            })
+        }
+        3 => Body::Heartbeat(Heartbeat {
+            job: r.array()?,
+            member: r.u32()?,
+            seq: r.u64()?,
+            ready_from: r.u32()?,
+            applied: r.u32()?,
+        }),
+        _ => return Err(cohort_program::codec::CodecError),
+    })
+}
+
+/// Size, format and signature checks. Membership, job and replay are the
+/// receiving node's business (it knows the job).
+pub fn open(raw: &[u8]) -> Result<Signed, Drop> {
+    if raw.len() > MAX_GOSSIP {
+        return Err(Drop::Oversized);
+    }
+    if raw.len() < MAGIC.len() + 2 + TRAILER || &raw[..3] != MAGIC || raw[3] != VERSION {
+        return Err(Drop::Malformed);
+    }
+    let (unsigned, trailer) = raw.split_at(raw.len() - TRAILER);
+    let mut r = Reader::new(&unsigned[4..]);
+    let body = parse_body(&mut r).map_err(|_| Drop::Malformed)?;
+    if r.remaining() != 0 {
+        return Err(Drop::Malformed);
+    }
+    if let Body::Manifest(m) = &body
+        && !m.entries.windows(2).all(|w| w[0].0 < w[1].0)
+    {
+        return Err(Drop::Malformed);
+    }
+    let signer: [u8; 32] = trailer[..32].try_into().map_err(|_| Drop::Malformed)?;
+    let key = ed25519::PublicKey::try_from_bytes(&signer).map_err(|_| Drop::BadSignature)?;
+    if !key.verify(&signing_input(unsigned), &trailer[32..]) {
+        return Err(Drop::BadSignature);
+    }
+    Ok(Signed {
+        body,
+        signer,
+        raw: raw.to_vec(),
+    })
+}
+
+/// Blob requests over request-response: payloads by hash, missed
+/// manifests, and checkpoint chunks for joiners.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    Payload([u8; 32]),
+    Manifest { step: u32 },
+    Snapshot { step: u32, offset: u32 },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Response {
+    Payload(Vec<u8>),
+    /// The signed manifest envelope.
+    Manifest(Vec<u8>),
+    Snapshot {
+        total: u32,
+        offset: u32,
+        chunk: Vec<u8>,
+    },
+    NotFound,
+}
+
+/// Largest request on the wire.
+pub const MAX_REQUEST: usize = 64;
+/// Snapshots larger than one chunk are fetched in pieces of this size.
+pub const SNAPSHOT_CHUNK: usize = 256 * 1024;
+/// Largest response: a chunk or a payload (the largest model we ship has
+/// 0.2 MB payloads), plus headers.
+pub const MAX_RESPONSE: usize = 1024 * 1024;
+
+impl Request {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(40);
+        match self {
+            Request::Payload(h) => {
+                out.push(0);
+                out.extend_from_slice(h);
+            }
+            Request::Manifest { step } => {
+                out.push(1);
+                out.extend_from_slice(&step.to_le_bytes());
+            }
+            Request::Snapshot { step, offset } => {
+                out.push(2);
+                out.extend_from_slice(&step.to_le_bytes());
+                out.extend_from_slice(&offset.to_le_bytes());
+            }
+        }
+        out
+    }
+    pub fn decode(buf: &[u8]) -> Option<Self> {
+        let mut r = Reader::new(buf);
+        let req = match r.u8().ok()? {
+            0 => Request::Payload(r.array().ok()?),
+            1 => Request::Manifest {
+                step: r.u32().ok()?,
+            },
+            2 => Request::Snapshot {
+                step: r.u32().ok()?,
+                offset: r.u32().ok()?,
+            },
+            _ => return None,
+        };
+        (r.remaining() == 0).then_some(req)
+    }
+}
+
+impl Response {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        match self {
+            Response::Payload(b) => {
+                out.push(0);
+                out.extend_from_slice(b);
+            }
+            Response::Manifest(b) => {
+                out.push(1);
+                out.extend_from_slice(b);
+            }
+            Response::Snapshot {
+                total,
+                offset,
+                chunk,
+            } => {
+                out.push(2);
+                out.extend_from_slice(&total.to_le_bytes());
+                out.extend_from_slice(&offset.to_le_bytes());
+                out.extend_from_slice(chunk);
+            }
+            Response::NotFound => out.push(3),
+        }
+        out
+    }
+    pub fn decode(buf: &[u8]) -> Option<Self> {
+        let (&tag, rest) = buf.split_first()?;
+        Some(match tag {
+            0 => Response::Payload(rest.to_vec()),
+            1 => Response::Manifest(rest.to_vec()),
+            2 if rest.len() >= 8 => Response::Snapshot {
+                total: u32::from_le_bytes(rest[..4].try_into().ok()?),
+                offset: u32::from_le_bytes(rest[4..8].try_into().ok()?),
+                chunk: rest[8..].to_vec(),
+            },
+            3 if rest.is_empty() => Response::NotFound,
+            _ => return None,
+        })
+    }
+}
+
+/// The ed25519 key a member signs with, from its 32-byte secret seed.
+pub fn keypair(secret: &[u8; 32]) -> ed25519::Keypair {
+    let mut s = *secret;
+    ed25519::Keypair::from(ed25519::SecretKey::try_from_bytes(&mut s).expect("32 bytes"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(i: u8) -> ed25519::Keypair {
+        keypair(&[i; 32])
+    }
+
+    fn manifest() -> Body {
+        Body::Manifest(Manifest {
+            job: [7; 32],
+            epoch: 1,
+            step: 9,
+            attempt: 0,
+            leader: 2,
+            state_hash: [3; 32],
+            entries: vec![(0, [1; 32]), (2, [2; 32])],
+        })
+    }
+
+    #[test]
+    fn signed_messages_round_trip_and_any_bit_flip_is_refused() {
+        let k = key(1);
+        for body in [
+            manifest(),
+            Body::Heartbeat(Heartbeat {
+                job: [7; 32],
+                member: 3,
+                seq: 5,
+                ready_from: 4,
+                applied: 3,
+            }),
+            Body::Announce(Announce {
+                job: [7; 32],
+                epoch: 0,
+                step: 4,
+                member: 1,
+                payload_hash: [9; 32],
+                momentum_hash: [8; 32],
+                len: 600,
+                produced_us: 12,
+            }),
+        ] {
+            let raw = sign(&body, &k);
+            let got = open(&raw).unwrap();
+            assert_eq!(got.body, body);
+            assert_eq!(got.signer, k.public().to_bytes());
+            for i in 0..raw.len() {
+                let mut bad = raw.clone();
+                bad[i] ^= 0x10;
+                assert!(open(&bad).is_err(), "flip at byte {i} accepted");
+            }
+            for cut in 0..raw.len() {
+                assert!(open(&raw[..cut]).is_err());
+            }
+        }
+    }
+
+    #[test]
+    fn oversized_and_unsorted_manifests_are_refused() {
+        let k = key(2);
+        let mut raw = sign(&manifest(), &k);
+        raw.resize(MAX_GOSSIP + 1, 0);
+        assert_eq!(open(&raw), Err(Drop::Oversized));
+        let Body::Manifest(mut m) = manifest() else {
+            unreachable!()
+        };
+        m.entries.reverse();
+        assert_eq!(open(&sign(&Body::Manifest(m), &k)), Err(Drop::Malformed));
+    }
+
+    #[test]
+    fn blob_requests_round_trip() {
+        for r in [
+            Request::Payload([4; 32]),
+            Request::Manifest { step: 3 },
+            Request::Snapshot {
+                step: 2,
+                offset: 1 << 18,
+            },
+        ] {
+            assert_eq!(Request::decode(&r.encode()), Some(r));
+        }
+        for r in [
+            Response::Payload(vec![1, 2]),
+            Response::Manifest(vec![3]),
+            Response::Snapshot {
+                total: 10,
+                offset: 4,
+                chunk: vec![5; 6],
+            },
+            Response::NotFound,
+        ] {
+            assert_eq!(Response::decode(&r.encode()), Some(r));
+        }
+        assert_eq!(Request::decode(&[9]), None);
+        assert_eq!(Request::decode(&[1, 0, 0, 0, 0, 0]), None);
+    }
+}

@@ -1,0 +1,232 @@
+//! `cohort-peer` / `cohort node --peer-only`: one member of a local job as
+//! its own process. Keys and job id derive from names, so every process of
+//! a test agrees on them without a chain. Prints one JSON object per line.
+
+use super::msg;
+use super::node::{self, NodeConfig, NodeEvent, hex};
+use super::shaper::Link;
+use super::step::Timing;
+use crate::backend::{self, BackendChoice};
+use crate::data::Corpus;
+use crate::model::ModelConfig;
+use crate::runner::{epoch_seed, member_key};
+use crate::trainer::TrainConfig;
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub const USAGE: &str = "usage: cohort-peer --index I --members N [options]
+
+  --job NAME          job name (id = blake3 of it)           [local]
+  --steps N           updates to apply, then exit             [20]
+  --listen ADDR       multiaddr to listen on                   [/ip4/127.0.0.1/tcp/0]
+  --peer ADDR         bootstrap peer (repeatable)
+  --checkpoint PATH   save after every step; resume from it
+  --join              start by downloading the state from peers
+  --arch ARCH         model, e.g. \"gpt l2 d64 h4 s64\"         [tiny]
+  --batch B           sequences per member per step           [8]
+  --rate-mbit X       shape sent bytes to X Mbit/s per peer
+  --rtt-ms Y          add Y ms round trip (Y/2 per direction)
+  --collect-ms MS     leader's wait for contributions         [3000]
+  --fallback-ms MS    extra wait per fall-back leader         [2000]
+  --min-peers K       peers to wait for before starting        [all]
+  --backend B         auto|cpu|wgpu|cuda                      [cpu]
+  --mdns              discover peers on the LAN
+  --peer-id-of I      print member I's peer id and exit
+";
+
+/// Deterministic identity of member `i` of a local job: (secret, public).
+pub fn local_member(i: usize) -> ([u8; 32], [u8; 32]) {
+    let secret = member_key(i);
+    (secret, msg::keypair(&secret).public().to_bytes())
+}
+
+pub fn local_job(name: &str) -> [u8; 32] {
+    *blake3::hash(format!("cohort-job:{name}").as_bytes()).as_bytes()
+}
+
+fn parse(args: &[String]) -> Result<(NodeConfig, BackendChoice), String> {
+    let mut index = None;
+    let mut members = None;
+    let (mut job, mut steps, mut arch, mut batch) = ("local".to_string(), 20u32, None, 8usize);
+    let mut listen = Vec::new();
+    let mut peers = Vec::new();
+    let (mut checkpoint, mut join, mut mdns) = (None, false, false);
+    let (mut mbit, mut rtt) = (0.0f64, 0u64);
+    let mut timing = Timing::default();
+    let mut min_peers = 0usize;
+    let mut backend = BackendChoice::Cpu;
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        let mut value = || {
+            it.next()
+                .cloned()
+                .ok_or_else(|| format!("{flag} needs a value"))
+        };
+        fn num<T: std::str::FromStr>(flag: &str, v: String) -> Result<T, String> {
+            v.parse()
+                .map_err(|_| format!("{flag}: `{v}` is not a valid number"))
+        }
+        match flag.as_str() {
+            "--index" => index = Some(num::<u32>(flag, value()?)?),
+            "--members" => members = Some(num::<usize>(flag, value()?)?),
+            "--job" => job = value()?,
+            "--steps" => steps = num(flag, value()?)?,
+            "--listen" => listen.push(value()?),
+            "--peer" => peers.push(value()?),
+            "--checkpoint" => checkpoint = Some(PathBuf::from(value()?)),
+            "--join" => join = true,
+            "--mdns" => mdns = true,
+            "--arch" => arch = Some(value()?),
+            "--batch" => batch = num(flag, value()?)?,
+            "--rate-mbit" => mbit = num(flag, value()?)?,
+            "--rtt-ms" => rtt = num(flag, value()?)?,
+            "--collect-ms" => timing.collect = Duration::from_millis(num(flag, value()?)?),
+            "--fallback-ms" => timing.fallback = Duration::from_millis(num(flag, value()?)?),
+            "--min-peers" => min_peers = num(flag, value()?)?,
+            "--backend" => backend = value()?.parse().map_err(|e| format!("--backend: {e}"))?,
+            other => return Err(format!("unknown flag `{other}`\n{USAGE}")),
+        }
+    }
+    let members = members.ok_or("--members is required")?;
+    let me = index.ok_or("--index is required")?;
+    if members == 0 || me as usize >= members {
+        return Err(format!("--index {me} must be below --members {members}"));
+    }
+    let parse_addr = |a: &String| {
+        a.parse()
+            .map_err(|e| format!("`{a}` is not a multiaddr: {e}"))
+    };
+    let listen = if listen.is_empty() {
+        vec!["/ip4/127.0.0.1/tcp/0".parse().map_err(|e| format!("{e}"))?]
+    } else {
+        listen.iter().map(parse_addr).collect::<Result<_, _>>()?
+    };
+    let bootstrap = peers.iter().map(parse_addr).collect::<Result<_, _>>()?;
+    let mut train = TrainConfig::small(steps.max(1));
+    if let Some(a) = arch {
+        train.model = ModelConfig::parse(&a).map_err(|e| e.to_string())?;
+    }
+    train.batch = batch;
+    train.micro_batch = batch;
+    let job = local_job(&job);
+    let keys: Vec<_> = (0..members).map(local_member).collect();
+    Ok((
+        NodeConfig {
+            train,
+            job,
+            epoch: 0,
+            seed: epoch_seed(&job, 0),
+            init_seed: epoch_seed(&job, u32::MAX),
+            members: keys.iter().map(|k| k.1).collect(),
+            me,
+            secret: keys[me as usize].0,
+            listen,
+            bootstrap,
+            steps,
+            checkpoint,
+            join,
+            link: Link::new(mbit, Duration::from_millis(rtt)),
+            timing,
+            mdns,
+            min_peers,
+        },
+        backend,
+    ))
+}
+
+fn line(s: String) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{s}");
+    let _ = out.flush();
+}
+
+fn event_json(e: &NodeEvent) -> String {
+    match e {
+        NodeEvent::Listening(a) => format!(r#"{{"event":"listening","addr":"{a}"}}"#),
+        NodeEvent::Synced { step, resumed } => {
+            format!(r#"{{"event":"synced","step":{step},"resumed":{resumed}}}"#)
+        }
+        NodeEvent::Applied {
+            step,
+            model_hash,
+            contributors,
+            times,
+            loss,
+        } => format!(
+            r#"{{"event":"applied","step":{step},"hash":"{}","contributors":{contributors:?},"compute":{:.6},"comm":{:.6},"wait":{:.6},"loss":{loss:.5}}}"#,
+            hex(model_hash),
+            times.compute,
+            times.comm,
+            times.wait
+        ),
+        NodeEvent::Diverged { step } => format!(r#"{{"event":"diverged","step":{step}}}"#),
+    }
+}
+
+/// Runs a peer from command-line arguments; returns the exit code.
+pub fn main(args: &[String]) -> i32 {
+    if args.iter().any(|a| a == "-h" || a == "--help") {
+        print!("{USAGE}");
+        return 0;
+    }
+    if let [flag, i] = args
+        && flag == "--peer-id-of"
+    {
+        return match i.parse::<usize>() {
+            Ok(i) => {
+                let id = super::swarm::peer_id(&local_member(i).1);
+                println!("{}", id.map_or("?".into(), |p| p.to_string()));
+                0
+            }
+            Err(_) => {
+                eprintln!("error: --peer-id-of needs a member index");
+                2
+            }
+        };
+    }
+    let (cfg, choice) = match parse(args) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return 2;
+        }
+    };
+    let result = (|| -> Result<node::NodeStats, String> {
+        let corpus = Corpus::bundled().map_err(|e| e.to_string())?;
+        let engine = match choice {
+            BackendChoice::Cpu => backend::cpu(),
+            c => backend::select(c).map_err(|e| e.to_string())?.engine,
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?;
+        rt.block_on(node::run(cfg, corpus, engine, |e| line(event_json(e))))
+            .map_err(|e| e.to_string())
+    })();
+    match result {
+        Ok(stats) => {
+            let dropped: Vec<String> = msg::Drop::ALL
+                .iter()
+                .map(|d| format!(r#""{}":{}"#, d.name(), stats.dropped(*d)))
+                .collect();
+            line(format!(
+                r#"{{"event":"done","applied":{},"hash":"{}","accepted":{},"equivocations":{},"late":{},"bytes_in":{},"bytes_out":{},"dropped":{{{}}}}}"#,
+                stats.applied,
+                hex(&stats.model_hash),
+                stats.accepted,
+                stats.equivocations,
+                stats.late,
+                stats.bytes_in,
+                stats.bytes_out,
+                dropped.join(",")
+            ));
+            0
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            1
+        }
+    }
+}

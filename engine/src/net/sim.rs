@@ -1,0 +1,366 @@
+//! Discrete-event simulation of the step protocol in virtual time. Every
+//! node runs the real [`StepMachine`]; compute, payload transfers and
+//! gossip are modeled. Run once with the modeled network and once with a
+//! free network (zero latency, unlimited bandwidth): their ratio is the
+//! protocol's throughput efficiency at that scale.
+
+use super::msg::{Announce, Manifest};
+use super::step::{Action, StepMachine, Timing};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+use std::time::Duration;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SimConfig {
+    pub nodes: u32,
+    pub steps: u32,
+    /// Mean compute seconds per step per node, and the spread of per-node
+    /// speed (uniform in mean × [1 − s, 1 + s]) and per-step jitter
+    /// (uniform ± j).
+    pub compute_secs: f64,
+    pub speed_spread: f64,
+    pub step_jitter: f64,
+    /// Seconds to aggregate and apply one step.
+    pub apply_secs: f64,
+    pub payload_bytes: u64,
+    /// Per-node uplink and downlink (Mbit/s), uniform in [lo, hi].
+    pub up_mbit: (f64, f64),
+    pub down_mbit: (f64, f64),
+    /// Per-node one-way latency to the internet core (ms), uniform in
+    /// [lo, hi]; node-to-node latency is the sum of both ends.
+    pub latency_ms: (f64, f64),
+    /// Bytes of an announcement or manifest on the wire.
+    pub gossip_bytes: u64,
+    pub seed: u64,
+    pub timing: Timing,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct SimResult {
+    pub secs: f64,
+    pub steps: u32,
+    /// Mean over nodes of the fraction of time spent computing.
+    pub busy: f64,
+    /// Mean contributions per applied manifest.
+    pub contributors: f64,
+}
+
+/// Deterministic xorshift: a simulation must be repeatable from its seed.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> f64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 >> 11) as f64 / (1u64 << 53) as f64
+    }
+    fn uniform(&mut self, (lo, hi): (f64, f64)) -> f64 {
+        lo + (hi - lo) * self.next()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum Ev {
+    ComputeDone { node: u32, step: u32 },
+    Announce { node: u32, from: u32, step: u32 },
+    Payload { node: u32, hash: [u8; 32] },
+    Manifest { node: u32, step: u32, idx: usize },
+    Tick { node: u32 },
+    ApplyDone { node: u32 },
+}
+
+struct Node {
+    machine: StepMachine,
+    speed: f64,
+    up: f64,
+    down: f64,
+    latency: f64,
+    up_free: f64,
+    down_free: f64,
+    applied: u32,
+    next_compute: u32,
+    busy: bool,
+    ready: VecDeque<u32>,
+    compute_total: f64,
+    done_at: Option<f64>,
+    tick_at: f64,
+}
+
+fn hash_of(step: u32, member: u32) -> [u8; 32] {
+    let mut h = [0u8; 32];
+    h[..4].copy_from_slice(&step.to_le_bytes());
+    h[4..8].copy_from_slice(&member.to_le_bytes());
+    h[8] = 1;
+    h
+}
+
+fn secs(d: Duration) -> f64 {
+    d.as_secs_f64()
+}
+
+/// Runs the simulation; `free_network` removes every transfer cost.
+pub fn simulate(cfg: &SimConfig, free_network: bool) -> SimResult {
+    let mut rng = Rng(cfg.seed | 1);
+    let n = cfg.nodes.max(1);
+    let job = [9u8; 32];
+    let mut nodes: Vec<Node> = (0..n)
+        .map(|i| Node {
+            machine: StepMachine::new(job, 0, [7; 32], n, i, cfg.timing, Some(0)),
+            speed: rng.uniform((1.0 - cfg.speed_spread, 1.0 + cfg.speed_spread)),
+            up: rng.uniform(cfg.up_mbit) * 1e6 / 8.0,
+            down: rng.uniform(cfg.down_mbit) * 1e6 / 8.0,
+            latency: rng.uniform(cfg.latency_ms) / 1e3,
+            up_free: 0.0,
+            down_free: 0.0,
+            applied: 0,
+            next_compute: 0,
+            busy: false,
+            ready: VecDeque::new(),
+            compute_total: 0.0,
+            done_at: None,
+            tick_at: f64::INFINITY,
+        })
+        .collect();
+    let mut manifests: Vec<Manifest> = Vec::new();
+    let mut queue: BinaryHeap<Reverse<(u64, u64, Ev)>> = BinaryHeap::new();
+    let mut seq = 0u64;
+    let mut push = |q: &mut BinaryHeap<Reverse<(u64, u64, Ev)>>, t: f64, ev: Ev| {
+        seq += 1;
+        q.push(Reverse(((t * 1e9) as u64, seq, ev)));
+    };
+    let mut contributors = (0u64, 0u64);
+    for i in 0..n {
+        nodes[i as usize].machine.on_applied(0, [0; 32]);
+        push(&mut queue, 0.0, Ev::Tick { node: i });
+    }
+    let link = |nodes: &[Node], a: u32, b: u32| -> f64 {
+        if free_network {
+            0.0
+        } else {
+            nodes[a as usize].latency + nodes[b as usize].latency
+        }
+    };
+    let mut now = 0.0f64;
+    let mut counted = vec![false; n as usize];
+    let mut finished = 0usize;
+    while let Some(Reverse((t, _, ev))) = queue.pop() {
+        now = t as f64 / 1e9;
+        let d = Duration::from_secs_f64(now);
+        let node = match &ev {
+            Ev::ComputeDone { node, .. }
+            | Ev::Announce { node, .. }
+            | Ev::Payload { node, .. }
+            | Ev::Manifest { node, .. }
+            | Ev::Tick { node }
+            | Ev::ApplyDone { node } => *node,
+        };
+        match ev {
+            Ev::ComputeDone { step, .. } => {
+                let me = &mut nodes[node as usize];
+                me.busy = false;
+                let a = Announce {
+                    job,
+                    epoch: 0,
+                    step,
+                    member: node,
+                    payload_hash: hash_of(step, node),
+                    momentum_hash: [0; 32],
+                    len: cfg.payload_bytes as u32,
+                    produced_us: 0,
+                };
+                me.machine.on_local(d, &a);
+                for j in 0..n {
+                    if j != node {
+                        let at = now + link(&nodes, node, j);
+                        push(
+                            &mut queue,
+                            at,
+                            Ev::Announce {
+                                node: j,
+                                from: node,
+                                step,
+                            },
+                        );
+                    }
+                }
+            }
+            Ev::Announce { from, step, .. } => {
+                let a = Announce {
+                    job,
+                    epoch: 0,
+                    step,
+                    member: from,
+                    payload_hash: hash_of(step, from),
+                    momentum_hash: [0; 32],
+                    len: cfg.payload_bytes as u32,
+                    produced_us: 0,
+                };
+                nodes[node as usize].machine.on_announce(d, &a);
+            }
+            Ev::Payload { hash, .. } => nodes[node as usize].machine.on_payload(hash),
+            Ev::Manifest { idx, .. } => {
+                nodes[node as usize]
+                    .machine
+                    .on_manifest(d, manifests[idx].clone());
+            }
+            Ev::Tick { .. } => {}
+            Ev::ApplyDone { .. } => {
+                let me = &mut nodes[node as usize];
+                me.busy = false;
+                me.applied += 1;
+                let applied = me.applied;
+                me.machine.on_applied(applied, [applied as u8; 32]);
+            }
+        }
+        // Protocol actions.
+        let actions = nodes[node as usize].machine.poll(d);
+        for a in actions {
+            match a {
+                Action::Fetch { hash, from } => {
+                    // Request reaches the holder, its uplink serializes the
+                    // payload, our downlink receives it.
+                    let lat = link(&nodes, node, from);
+                    let bytes = cfg.payload_bytes as f64;
+                    let at = if free_network {
+                        now
+                    } else {
+                        let src = &mut nodes[from as usize];
+                        let start = (now + lat).max(src.up_free);
+                        src.up_free = start + bytes / src.up;
+                        let sent = src.up_free;
+                        let dst = &mut nodes[node as usize];
+                        let recv = (sent + lat).max(dst.down_free + bytes / dst.down);
+                        dst.down_free = recv;
+                        recv
+                    };
+                    push(&mut queue, at, Ev::Payload { node, hash });
+                }
+                Action::Publish(m) => {
+                    contributors.0 += m.entries.len() as u64;
+                    contributors.1 += 1;
+                    manifests.push(m);
+                    let idx = manifests.len() - 1;
+                    for j in 0..n {
+                        if j != node {
+                            let g = if free_network {
+                                0.0
+                            } else {
+                                cfg.gossip_bytes as f64 / nodes[node as usize].up
+                            };
+                            let at = now + link(&nodes, node, j) + g;
+                            push(
+                                &mut queue,
+                                at,
+                                Ev::Manifest {
+                                    node: j,
+                                    step: 0,
+                                    idx,
+                                },
+                            );
+                        }
+                    }
+                }
+                Action::Apply(m) => nodes[node as usize].ready.push_back(m.step),
+                Action::RequestManifest { .. } => {}
+            }
+        }
+        // The node's trainer: apply in order, compute one step ahead.
+        let me = &mut nodes[node as usize];
+        if !me.busy {
+            if me.ready.front() == Some(&me.applied) {
+                me.ready.pop_front();
+                me.busy = true;
+                push(&mut queue, now + cfg.apply_secs, Ev::ApplyDone { node });
+            } else if me.next_compute < cfg.steps && me.next_compute <= me.applied + 1 {
+                let jitter = rng.uniform((-cfg.step_jitter, cfg.step_jitter));
+                let c = cfg.compute_secs * me.speed * (1.0 + jitter);
+                me.compute_total += c;
+                me.busy = true;
+                let step = me.next_compute;
+                me.next_compute += 1;
+                push(&mut queue, now + c, Ev::ComputeDone { node, step });
+            } else if me.applied >= cfg.steps && me.done_at.is_none() {
+                me.done_at = Some(now);
+            }
+        }
+        if me.done_at.is_some() && !counted[node as usize] {
+            counted[node as usize] = true;
+            finished += 1;
+        }
+        if let Some(deadline) = me.machine.next_deadline() {
+            let t = secs(deadline).max(now + 1e-6);
+            if me.done_at.is_none() && (t < me.tick_at || me.tick_at <= now) {
+                me.tick_at = t;
+                push(&mut queue, t, Ev::Tick { node });
+            }
+        }
+        if finished == n as usize {
+            break;
+        }
+    }
+    let total = nodes
+        .iter()
+        .map(|x| x.done_at.unwrap_or(now))
+        .fold(0.0, f64::max);
+    SimResult {
+        secs: total,
+        steps: nodes.iter().map(|x| x.applied).min().unwrap_or(0),
+        busy: nodes
+            .iter()
+            .map(|x| x.compute_total / total.max(1e-9))
+            .sum::<f64>()
+            / n as f64,
+        contributors: contributors.0 as f64 / contributors.1.max(1) as f64,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(nodes: u32) -> SimConfig {
+        SimConfig {
+            nodes,
+            steps: 12,
+            compute_secs: 2.0,
+            speed_spread: 0.1,
+            step_jitter: 0.05,
+            apply_secs: 0.05,
+            payload_bytes: 200_000,
+            up_mbit: (20.0, 50.0),
+            down_mbit: (100.0, 300.0),
+            latency_ms: (5.0, 40.0),
+            gossip_bytes: 300,
+            seed: 1,
+            timing: Timing::default(),
+        }
+    }
+
+    #[test]
+    fn every_node_applies_every_step_with_everyone_contributing() {
+        for free in [true, false] {
+            let r = simulate(&cfg(8), free);
+            assert_eq!(r.steps, 12);
+            assert!((r.contributors - 8.0).abs() < 1e-9, "{r:?}");
+        }
+    }
+
+    #[test]
+    fn a_slower_network_never_makes_training_faster() {
+        let c = cfg(8);
+        let free = simulate(&c, true);
+        let net = simulate(&c, false);
+        let mut slow = c.clone();
+        slow.up_mbit = (1.0, 2.0);
+        let slow = simulate(&slow, false);
+        assert!(
+            free.secs <= net.secs && net.secs <= slow.secs,
+            "{free:?} {net:?} {slow:?}"
+        );
+    }
+
+    #[test]
+    fn simulation_is_repeatable() {
+        assert_eq!(simulate(&cfg(5), false), simulate(&cfg(5), false));
+    }
+}

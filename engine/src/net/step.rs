@@ -1,0 +1,765 @@
+//! Step agreement as a pure state machine: no I/O, no clock of its own.
+//! The libp2p node drives it in real time; the simulator drives the same
+//! code in virtual time, so what the benchmark measures is what ships.
+//!
+//! Per step t: members announce contributions; the seeded leader of t waits
+//! until every expected member's payload is held (or `collect` has passed
+//! since the step opened) and signs a manifest listing them; every node
+//! applies exactly the manifest's contributions, in step order. If no
+//! manifest arrives, the n-th fall-back leader publishes after a further
+//! `n × fallback`. A lower attempt replaces a higher one until the step is
+//! applied, so a slow leader and its fall-back converge. Two different
+//! manifests signed by one leader for one (step, attempt) are kept as
+//! equivocation evidence.
+
+use super::msg::{Announce, Manifest};
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+/// Steps of manifests and payloads kept behind the applied step, for peers
+/// that are catching up.
+pub const KEEP: u32 = 8;
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Timing {
+    /// Longest a leader waits for expected contributions after a step opens.
+    pub collect: Duration,
+    /// Extra wait before each successive fall-back leader steps in.
+    pub fallback: Duration,
+    /// Interval between retries of a missing manifest or payload.
+    pub retry: Duration,
+    /// A member unheard of for this long is presumed gone. A fall-back
+    /// leader steps in early only when every leader before it is gone: a
+    /// live but slow leader is waited for, since two valid manifests for one
+    /// step could split the nodes.
+    pub alive: Duration,
+    /// A live leader that stays silent this long is replaced anyway.
+    pub silent: Duration,
+}
+
+impl Default for Timing {
+    fn default() -> Self {
+        Self {
+            collect: Duration::from_secs(3),
+            fallback: Duration::from_secs(2),
+            retry: Duration::from_millis(500),
+            alive: Duration::from_secs(2),
+            silent: Duration::from_secs(30),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Fetch a payload by hash from this member.
+    Fetch { hash: [u8; 32], from: u32 },
+    /// Sign and gossip this manifest (already accepted locally).
+    Publish(Manifest),
+    /// Every payload of this manifest is held: apply it (in step order).
+    Apply(Manifest),
+    /// Ask this member for a manifest we have not seen.
+    RequestManifest { step: u32, from: u32 },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    Accepted,
+    /// Already had this exact manifest.
+    Duplicate,
+    /// For a step already applied.
+    Stale,
+    WrongLeader,
+    /// A second, different manifest from one leader for one attempt.
+    Equivocation,
+    /// Valid but a lower attempt already holds the step.
+    Superseded,
+}
+
+/// Two manifests one leader signed for the same step and attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Equivocation {
+    pub first: Manifest,
+    pub second: Manifest,
+}
+
+#[derive(Debug, Default)]
+struct StepState {
+    opened: Option<Duration>,
+    announced: BTreeMap<u32, [u8; 32]>,
+    manifest: Option<Manifest>,
+    /// Entries of `manifest` whose payload is not held yet.
+    missing: BTreeSet<[u8; 32]>,
+    by_leader: BTreeMap<(u32, u8), Manifest>,
+    last_produced_us: u64,
+}
+
+#[derive(Debug)]
+struct Pending {
+    step: u32,
+    member: u32,
+    tries: u32,
+    /// None until first asked.
+    asked_at: Option<Duration>,
+}
+
+#[derive(Debug)]
+pub struct StepMachine {
+    pub job: [u8; 32],
+    pub epoch: u32,
+    seed: [u8; 32],
+    n: u32,
+    me: u32,
+    timing: Timing,
+    steps: BTreeMap<u32, StepState>,
+    held: BTreeSet<[u8; 32]>,
+    pending: BTreeMap<[u8; 32], Pending>,
+    failed: BTreeSet<[u8; 32]>,
+    /// None while a joiner has not caught up yet.
+    next_apply: Option<u32>,
+    /// This node's state hash at step s (before applying step s).
+    state_hashes: BTreeMap<u32, [u8; 32]>,
+    /// Rejoiners: member → first step it will contribute to.
+    ready: BTreeMap<u32, u32>,
+    manifest_asked: BTreeMap<u32, (Duration, u32)>,
+    /// When each member was last heard from (any valid message).
+    last_seen: BTreeMap<u32, Duration>,
+    pub evidence: Vec<Equivocation>,
+}
+
+impl StepMachine {
+    /// `start`: the first step to apply, or None for a node that must catch
+    /// up from a peer's checkpoint first.
+    pub fn new(
+        job: [u8; 32],
+        epoch: u32,
+        seed: [u8; 32],
+        members: u32,
+        me: u32,
+        timing: Timing,
+        start: Option<u32>,
+    ) -> Self {
+        Self {
+            job,
+            epoch,
+            seed,
+            n: members.max(1),
+            me,
+            timing,
+            steps: BTreeMap::new(),
+            held: BTreeSet::new(),
+            pending: BTreeMap::new(),
+            failed: BTreeSet::new(),
+            next_apply: start,
+            state_hashes: BTreeMap::new(),
+            ready: BTreeMap::new(),
+            manifest_asked: BTreeMap::new(),
+            last_seen: BTreeMap::new(),
+            evidence: Vec::new(),
+        }
+    }
+
+    pub fn members(&self) -> u32 {
+        self.n
+    }
+    pub fn next_apply(&self) -> Option<u32> {
+        self.next_apply
+    }
+
+    /// Leader of `step` at `attempt`: a seeded rotation, so nobody can pick
+    /// when they lead and everyone computes the same order.
+    pub fn leader(&self, step: u32, attempt: u8) -> u32 {
+        (self.rotation(step) + attempt as u32) % self.n
+    }
+
+    fn rotation(&self, step: u32) -> u32 {
+        let mut h = blake3::Hasher::new();
+        h.update(b"cohort-leader-v1");
+        h.update(&self.seed);
+        h.update(&self.epoch.to_le_bytes());
+        h.update(&step.to_le_bytes());
+        let d = h.finalize();
+        let start = u64::from_le_bytes(d.as_bytes()[..8].try_into().unwrap_or([0; 8]));
+        (start % self.n as u64) as u32
+    }
+
+    /// The attempt at which this node leads `step`, if within the u8 range.
+    fn my_attempt(&self, step: u32) -> Option<u8> {
+        u8::try_from((self.me + self.n - self.rotation(step)) % self.n).ok()
+    }
+
+    fn step_mut(&mut self, step: u32) -> &mut StepState {
+        self.steps.entry(step).or_default()
+    }
+
+    fn want(&mut self, hash: [u8; 32], step: u32, member: u32) {
+        if self.held.contains(&hash) || self.pending.contains_key(&hash) {
+            return;
+        }
+        self.pending.insert(
+            hash,
+            Pending {
+                step,
+                member,
+                tries: 0,
+                asked_at: None,
+            },
+        );
+        self.failed.insert(hash);
+    }
+
+    /// Any valid message from `member` (heartbeats included).
+    pub fn on_alive(&mut self, now: Duration, member: u32) {
+        self.last_seen.insert(member, now);
+    }
+
+    fn gone(&self, now: Duration, member: u32) -> bool {
+        member != self.me
+            && self
+                .last_seen
+                .get(&member)
+                .is_none_or(|t| now >= *t + self.timing.alive)
+    }
+
+    /// A contribution announcement (signature and membership checked).
+    pub fn on_announce(&mut self, now: Duration, a: &Announce) -> Verdict {
+        self.on_alive(now, a.member);
+        if self.next_apply.is_some_and(|s| a.step < s) {
+            return Verdict::Stale;
+        }
+        let st = self.step_mut(a.step);
+        st.opened.get_or_insert(now);
+        match st.announced.get(&a.member) {
+            Some(h) if *h == a.payload_hash => return Verdict::Duplicate,
+            Some(_) => return Verdict::Equivocation,
+            None => {}
+        }
+        st.announced.insert(a.member, a.payload_hash);
+        st.last_produced_us = st.last_produced_us.max(a.produced_us);
+        if self
+            .ready
+            .get(&a.member)
+            .is_some_and(|&from| a.step >= from)
+        {
+            self.ready.remove(&a.member);
+        }
+        self.want(a.payload_hash, a.step, a.member);
+        Verdict::Accepted
+    }
+
+    /// This node's own contribution, held locally.
+    pub fn on_local(&mut self, now: Duration, a: &Announce) {
+        self.held.insert(a.payload_hash);
+        self.on_announce(now, a);
+    }
+
+    /// A payload arrived and matched its hash.
+    pub fn on_payload(&mut self, hash: [u8; 32]) {
+        self.pending.remove(&hash);
+        self.failed.remove(&hash);
+        self.held.insert(hash);
+        for st in self.steps.values_mut() {
+            st.missing.remove(&hash);
+        }
+    }
+
+    /// A fetch failed or timed out: try the next holder on the next poll.
+    pub fn on_fetch_failed(&mut self, hash: [u8; 32]) {
+        if let Some(p) = self.pending.get_mut(&hash) {
+            p.tries += 1;
+            self.failed.insert(hash);
+        }
+    }
+
+    /// A member declared it will contribute from `from` on (a rejoiner).
+    pub fn on_ready(&mut self, member: u32, from: u32) {
+        if member != self.me && self.next_apply.is_none_or(|s| from >= s) {
+            self.ready.insert(member, from);
+        }
+    }
+
+    /// This node's trainer reached `step` (before applying it) with `hash`.
+    pub fn on_applied(&mut self, step: u32, hash: [u8; 32]) {
+        self.state_hashes.insert(step, hash);
+    }
+
+    /// The last timestamp any contribution of `step` was produced at.
+    pub fn last_produced_us(&self, step: u32) -> u64 {
+        self.steps.get(&step).map_or(0, |s| s.last_produced_us)
+    }
+
+    /// After a checkpoint download: the next manifest to apply is `step`.
+    pub fn resync(&mut self, step: u32) {
+        self.next_apply = Some(step);
+        self.steps.retain(|&s, _| s + KEEP >= step);
+    }
+
+    pub fn manifest(&self, step: u32) -> Option<&Manifest> {
+        self.steps.get(&step)?.manifest.as_ref()
+    }
+
+    /// The latest step with a known manifest (what a joiner syncs to).
+    pub fn latest_manifest(&self) -> Option<&Manifest> {
+        self.steps.values().rev().find_map(|s| s.manifest.as_ref())
+    }
+
+    pub fn on_manifest(&mut self, now: Duration, m: Manifest) -> Verdict {
+        if m.job != self.job || m.epoch != self.epoch || m.attempt as u32 >= self.n {
+            return Verdict::WrongLeader;
+        }
+        if self.leader(m.step, m.attempt) != m.leader {
+            return Verdict::WrongLeader;
+        }
+        let applied = self.next_apply.is_some_and(|s| m.step < s);
+        let st = self.step_mut(m.step);
+        st.opened.get_or_insert(now);
+        let key = (m.leader, m.attempt);
+        if let Some(prev) = st.by_leader.get(&key) {
+            if *prev == m {
+                return Verdict::Duplicate;
+            }
+            let ev = Equivocation {
+                first: prev.clone(),
+                second: m,
+            };
+            self.evidence.push(ev);
+            return Verdict::Equivocation;
+        }
+        st.by_leader.insert(key, m.clone());
+        if applied {
+            return Verdict::Stale;
+        }
+        if st
+            .manifest
+            .as_ref()
+            .is_some_and(|cur| cur.attempt <= m.attempt)
+        {
+            return Verdict::Superseded;
+        }
+        for (member, hash) in &m.entries {
+            st.announced.entry(*member).or_insert(*hash);
+        }
+        let (step, entries) = (m.step, m.entries.clone());
+        st.manifest = Some(m);
+        let missing = entries
+            .iter()
+            .map(|e| e.1)
+            .filter(|h| !self.held.contains(h))
+            .collect();
+        self.step_mut(step).missing = missing;
+        for (member, hash) in entries {
+            self.want(hash, step, member);
+        }
+        Verdict::Accepted
+    }
+
+    fn expected(&self, step: u32) -> BTreeSet<u32> {
+        let mut e: BTreeSet<u32> = match step.checked_sub(1).and_then(|p| self.steps.get(&p)) {
+            Some(prev) if !prev.announced.is_empty() => prev.announced.keys().copied().collect(),
+            _ => (0..self.n).collect(),
+        };
+        e.extend(
+            self.ready
+                .iter()
+                .filter(|(_, from)| **from <= step)
+                .map(|(m, _)| *m),
+        );
+        e.insert(self.me);
+        e
+    }
+
+    fn publish_at(&self, attempt: u8, opened: Duration) -> Duration {
+        opened + self.timing.collect + self.timing.fallback * attempt as u32
+    }
+
+    /// What to do now. Call after every event and at [`Self::next_deadline`].
+    pub fn poll(&mut self, now: Duration) -> Vec<Action> {
+        let mut out = Vec::new();
+        self.lead(now, &mut out);
+        // Deliver in order.
+        while let Some(next) = self.next_apply {
+            let Some(st) = self.steps.get(&next) else {
+                break;
+            };
+            let Some(m) = st.manifest.as_ref().filter(|_| st.missing.is_empty()) else {
+                break;
+            };
+            out.push(Action::Apply(m.clone()));
+            self.next_apply = Some(next + 1);
+        }
+        self.ask_missing_manifest(now, &mut out);
+        // (Re)issue fetches.
+        let me = self.me;
+        let n = self.n;
+        // Fetches are re-issued only after a reported failure: transfers of
+        // large payloads on slow links legitimately take long, and a
+        // timer-driven retry would send them twice.
+        let due: Vec<[u8; 32]> = self
+            .failed
+            .iter()
+            .filter(|h| {
+                self.pending
+                    .get(*h)
+                    .is_some_and(|p| p.asked_at.is_none_or(|t| now >= t + self.timing.retry))
+            })
+            .copied()
+            .collect();
+        for hash in due {
+            let leaders: Vec<u32> = self
+                .steps
+                .values()
+                .filter_map(|s| s.manifest.as_ref())
+                .filter(|m| m.entries.iter().any(|(_, h)| *h == hash))
+                .map(|m| m.leader)
+                .collect();
+            if let Some(p) = self.pending.get_mut(&hash) {
+                // First the author, then the manifest's leader, then anyone.
+                let mut from = match p.tries {
+                    0 => p.member,
+                    1 => leaders.first().copied().unwrap_or(p.member + 1),
+                    t => p.member + t,
+                } % n;
+                if from == me {
+                    from = (from + 1) % n;
+                }
+                p.asked_at = Some(now);
+                out.push(Action::Fetch { hash, from });
+            }
+            self.failed.remove(&hash);
+        }
+        self.prune();
+        out
+    }
+
+    fn lead(&mut self, now: Duration, out: &mut Vec<Action>) {
+        let Some(next) = self.next_apply else {
+            return;
+        };
+        let open: Vec<(u32, Duration)> = self
+            .steps
+            .range(next..)
+            .filter(|(_, s)| s.manifest.is_none())
+            .filter_map(|(&t, s)| s.opened.map(|o| (t, o)))
+            .collect();
+        for (step, opened) in open {
+            let Some(&state_hash) = self.state_hashes.get(&step) else {
+                continue;
+            };
+            let Some(attempt) = self.my_attempt(step) else {
+                continue;
+            };
+            if attempt > 0 {
+                if now < self.publish_at(attempt, opened) {
+                    continue;
+                }
+                let before_gone = (0..attempt).all(|a| self.gone(now, self.leader(step, a)));
+                if !before_gone && now < self.publish_at(attempt, opened) + self.timing.silent {
+                    continue;
+                }
+            }
+            let st = &self.steps[&step];
+            let held: Vec<(u32, [u8; 32])> = st
+                .announced
+                .iter()
+                .filter(|(_, h)| self.held.contains(*h))
+                .map(|(m, h)| (*m, *h))
+                .collect();
+            let due = if attempt == 0 {
+                let expected = self.expected(step);
+                expected.iter().all(|m| held.iter().any(|(h, _)| h == m))
+                    || now >= self.publish_at(0, opened)
+            } else {
+                now >= self.publish_at(attempt, opened)
+            };
+            if !due {
+                continue;
+            }
+            let m = Manifest {
+                job: self.job,
+                epoch: self.epoch,
+                step,
+                attempt,
+                leader: self.me,
+                state_hash,
+                entries: held,
+            };
+            if self.on_manifest(now, m.clone()) == Verdict::Accepted {
+                out.push(Action::Publish(m));
+            }
+        }
+    }
+
+    fn ask_missing_manifest(&mut self, now: Duration, out: &mut Vec<Action>) {
+        let Some(next) = self.next_apply else {
+            return;
+        };
+        let Some(st) = self.steps.get(&next) else {
+            return;
+        };
+        if st.manifest.is_some() {
+            return;
+        }
+        let later = self
+            .steps
+            .range(next + 1..)
+            .any(|(_, s)| s.manifest.is_some() || s.opened.is_some());
+        let overdue = st
+            .opened
+            .is_some_and(|o| now >= self.publish_at(self.n.min(4) as u8, o));
+        if !(later || overdue) {
+            return;
+        }
+        let (asked, tries) = self
+            .manifest_asked
+            .get(&next)
+            .copied()
+            .unwrap_or((Duration::ZERO, 0));
+        if tries > 0 && now < asked + self.timing.retry {
+            return;
+        }
+        let mut from = (self.leader(next, 0) + tries) % self.n;
+        if from == self.me {
+            from = (from + 1) % self.n;
+        }
+        if from != self.me {
+            self.manifest_asked.insert(next, (now, tries + 1));
+            out.push(Action::RequestManifest { step: next, from });
+        }
+    }
+
+    /// When the next timer-driven action could become due.
+    pub fn next_deadline(&self) -> Option<Duration> {
+        let next = self.next_apply?;
+        let mut best: Option<Duration> = None;
+        let mut take = |d: Duration| best = Some(best.map_or(d, |b| b.min(d)));
+        for (&step, s) in self.steps.range(next..) {
+            if s.manifest.is_some() {
+                continue;
+            }
+            let Some(o) = s.opened else { continue };
+            if let Some(a) = self.my_attempt(step) {
+                take(self.publish_at(a, o));
+            }
+        }
+        best
+    }
+
+    fn prune(&mut self) {
+        let Some(next) = self.next_apply else {
+            return;
+        };
+        let floor = next.saturating_sub(KEEP);
+        let old: Vec<u32> = self.steps.range(..floor).map(|(s, _)| *s).collect();
+        for s in old {
+            if let Some(st) = self.steps.remove(&s) {
+                for h in st.announced.values() {
+                    self.held.remove(h);
+                    self.pending.remove(h);
+                }
+            }
+        }
+        self.state_hashes.retain(|s, _| *s >= floor);
+        self.manifest_asked.retain(|s, _| *s >= floor);
+        self.pending.retain(|_, p| p.step >= floor);
+    }
+
+    /// Whether `hash` is a payload of a step still kept.
+    pub fn holds(&self, hash: &[u8; 32]) -> bool {
+        self.held.contains(hash)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    fn machines(n: u32) -> Vec<StepMachine> {
+        (0..n)
+            .map(|i| StepMachine::new([1; 32], 0, [2; 32], n, i, Timing::default(), Some(0)))
+            .collect()
+    }
+
+    fn announce(step: u32, member: u32) -> Announce {
+        Announce {
+            job: [1; 32],
+            epoch: 0,
+            step,
+            member,
+            payload_hash: [(step * 16 + member) as u8; 32],
+            momentum_hash: [0; 32],
+            len: 10,
+            produced_us: 0,
+        }
+    }
+
+    /// Delivers announcements and payloads instantly; returns the
+    /// manifests each node applied.
+    fn run_step(ms: &mut [StepMachine], step: u32, alive: &[u32], now: Duration) -> Vec<Action> {
+        let mut out = Vec::new();
+        for m in ms.iter_mut() {
+            m.on_applied(step, [step as u8; 32]);
+        }
+        for &i in alive {
+            let a = announce(step, i);
+            for (j, m) in ms.iter_mut().enumerate() {
+                if alive.contains(&(j as u32)) {
+                    if j as u32 == i {
+                        m.on_local(now, &a);
+                    } else {
+                        m.on_announce(now, &a);
+                        m.on_payload(a.payload_hash);
+                    }
+                }
+            }
+        }
+        let mut published = Vec::new();
+        for &i in alive {
+            for a in ms[i as usize].poll(now) {
+                if let Action::Publish(m) = &a {
+                    published.push(m.clone());
+                }
+                out.push(a);
+            }
+        }
+        for m in published {
+            for &i in alive {
+                ms[i as usize].on_manifest(now, m.clone());
+                out.extend(ms[i as usize].poll(now));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn leader_publishes_once_everyone_is_in_and_all_apply_the_same() {
+        let mut ms = machines(4);
+        let acts = run_step(&mut ms, 0, &[0, 1, 2, 3], Duration::ZERO);
+        let applied: Vec<&Manifest> = acts
+            .iter()
+            .filter_map(|a| match a {
+                Action::Apply(m) => Some(m),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(applied.len(), 4);
+        assert!(applied.iter().all(|m| **m == *applied[0]));
+        assert_eq!(applied[0].entries.len(), 4);
+        assert_eq!(applied[0].leader, ms[0].leader(0, 0));
+    }
+
+    #[test]
+    fn a_dead_member_is_waited_for_once_then_dropped() {
+        let mut ms = machines(4);
+        run_step(&mut ms, 0, &[0, 1, 2, 3], Duration::ZERO);
+        // Member 3 dies. The step-1 leader (if alive) waits for `collect`.
+        let alive: Vec<u32> = vec![0, 1, 2];
+        let leader = ms[0].leader(1, 0);
+        let acts = run_step(&mut ms, 1, &alive, Duration::from_secs(10));
+        let published = acts.iter().any(|a| matches!(a, Action::Publish(_)));
+        assert_eq!(published, false, "published before the collect timeout");
+        let late = Duration::from_secs(10) + Timing::default().collect;
+        let wait = if leader == 3 {
+            late + Timing::default().fallback
+        } else {
+            late
+        };
+        let mut manifests = Vec::new();
+        for &i in &alive {
+            for a in ms[i as usize].poll(wait) {
+                if let Action::Publish(m) = a {
+                    manifests.push(m);
+                }
+            }
+        }
+        assert_eq!(manifests.len(), 1);
+        assert_eq!(
+            manifests[0].entries.iter().map(|e| e.0).collect::<Vec<_>>(),
+            alive
+        );
+        for &i in &alive {
+            ms[i as usize].on_manifest(wait, manifests[0].clone());
+            ms[i as usize].poll(wait);
+        }
+        // Step 2: 3 is no longer expected, so no waiting at all.
+        let t = wait + MS;
+        let acts = run_step(&mut ms, 2, &alive, t);
+        assert!(acts.iter().any(|a| matches!(a, Action::Publish(_))) || ms[0].leader(2, 0) == 3);
+    }
+
+    #[test]
+    fn equivocation_is_recorded_and_does_not_change_the_accepted_manifest() {
+        let mut ms = machines(3);
+        let leader = ms[0].leader(5, 0);
+        let good = Manifest {
+            job: [1; 32],
+            epoch: 0,
+            step: 5,
+            attempt: 0,
+            leader,
+            state_hash: [0; 32],
+            entries: vec![(0, [1; 32])],
+        };
+        let mut evil = good.clone();
+        evil.entries = vec![(1, [2; 32])];
+        let m = &mut ms[((leader + 1) % 3) as usize];
+        assert_eq!(m.on_manifest(MS, good.clone()), Verdict::Accepted);
+        assert_eq!(m.on_manifest(MS, good.clone()), Verdict::Duplicate);
+        assert_eq!(m.on_manifest(MS, evil.clone()), Verdict::Equivocation);
+        assert_eq!(m.manifest(5), Some(&good));
+        assert_eq!(
+            m.evidence,
+            vec![Equivocation {
+                first: good,
+                second: evil
+            }]
+        );
+    }
+
+    #[test]
+    fn a_manifest_from_the_wrong_leader_is_refused_and_a_lower_attempt_wins() {
+        let mut m = machines(4).remove(0);
+        let l0 = m.leader(3, 0);
+        let l1 = m.leader(3, 1);
+        let base = Manifest {
+            job: [1; 32],
+            epoch: 0,
+            step: 3,
+            attempt: 1,
+            leader: l1,
+            state_hash: [0; 32],
+            entries: vec![],
+        };
+        let mut wrong = base.clone();
+        wrong.leader = (l1 + 1) % 4;
+        assert_eq!(m.on_manifest(MS, wrong), Verdict::WrongLeader);
+        assert_eq!(m.on_manifest(MS, base.clone()), Verdict::Accepted);
+        let mut primary = base.clone();
+        primary.attempt = 0;
+        primary.leader = l0;
+        assert_eq!(m.on_manifest(MS, primary.clone()), Verdict::Accepted);
+        assert_eq!(m.manifest(3), Some(&primary));
+        assert_eq!(m.on_manifest(MS, base), Verdict::Duplicate);
+    }
+
+    #[test]
+    fn missing_payloads_are_fetched_from_author_then_leader() {
+        let mut m = StepMachine::new([1; 32], 0, [2; 32], 4, 0, Timing::default(), Some(0));
+        let a = announce(0, 2);
+        m.on_announce(Duration::ZERO, &a);
+        let acts = m.poll(Duration::ZERO);
+        assert!(acts.contains(&Action::Fetch {
+            hash: a.payload_hash,
+            from: 2
+        }));
+        m.on_fetch_failed(a.payload_hash);
+        assert!(m.poll(MS).is_empty(), "retried without backing off");
+        let acts = m.poll(Timing::default().retry + MS);
+        assert!(
+            acts.iter()
+                .any(|x| matches!(x, Action::Fetch { from, .. } if *from != 2))
+        );
+        m.on_payload(a.payload_hash);
+        assert!(m.holds(&a.payload_hash));
+    }
+}

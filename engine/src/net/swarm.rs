@@ -1,0 +1,205 @@
+//! The libp2p stack: TCP (through the link shaper) and QUIC, noise, yamux;
+//! gossipsub for signed announcements, manifests and heartbeats;
+//! request-response for payloads, missed manifests and checkpoint chunks;
+//! identify, Kademlia and mDNS for discovery; relay, dcutr and autonat for
+//! nodes behind home NATs. The libp2p identity is the node's ed25519 key, so
+//! a peer id names a Solana account.
+
+use super::msg::{MAX_REQUEST, MAX_RESPONSE, Request, Response};
+use super::shaper::{Link, Stream};
+use libp2p::core::upgrade;
+use libp2p::futures::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use libp2p::identity::{self, ed25519};
+use libp2p::swarm::NetworkBehaviour;
+use libp2p::swarm::behaviour::toggle::Toggle;
+use libp2p::{
+    PeerId, StreamProtocol, Swarm, SwarmBuilder, Transport, autonat, dcutr, gossipsub, identify,
+    kad, mdns, noise, ping, relay, request_response, tcp, yamux,
+};
+use std::io;
+use std::time::Duration;
+
+pub const BLOB_PROTOCOL: StreamProtocol = StreamProtocol::new("/cohort/blob/1");
+const KAD_PROTOCOL: StreamProtocol = StreamProtocol::new("/cohort/kad/1");
+/// Gossip frames above this are dropped by gossipsub itself; between our
+/// own limit and this one they reach the node and are counted.
+pub const GOSSIP_TRANSMIT_MAX: usize = 64 * 1024;
+
+#[derive(NetworkBehaviour)]
+pub struct Behaviour {
+    pub gossip: gossipsub::Behaviour,
+    pub blobs: request_response::Behaviour<BlobCodec>,
+    pub identify: identify::Behaviour,
+    pub kad: kad::Behaviour<kad::store::MemoryStore>,
+    pub mdns: Toggle<mdns::tokio::Behaviour>,
+    pub relay: relay::client::Behaviour,
+    pub dcutr: dcutr::Behaviour,
+    pub autonat: autonat::Behaviour,
+    pub ping: ping::Behaviour,
+}
+
+/// Length-prefixed frames with hard size limits: a peer announcing a larger
+/// frame is cut off before anything is allocated.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BlobCodec;
+
+async fn read_frame<T: AsyncRead + Unpin + Send>(io: &mut T, max: usize) -> io::Result<Vec<u8>> {
+    let mut len = [0u8; 4];
+    io.read_exact(&mut len).await?;
+    let len = u32::from_le_bytes(len) as usize;
+    if len > max {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("frame of {len} bytes exceeds the {max}-byte limit"),
+        ));
+    }
+    let mut buf = vec![0u8; len];
+    io.read_exact(&mut buf).await?;
+    Ok(buf)
+}
+
+async fn write_frame<T: AsyncWrite + Unpin + Send>(io: &mut T, buf: &[u8]) -> io::Result<()> {
+    io.write_all(&(buf.len() as u32).to_le_bytes()).await?;
+    io.write_all(buf).await?;
+    io.close().await
+}
+
+fn invalid(what: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, format!("malformed {what}"))
+}
+
+#[async_trait::async_trait]
+impl request_response::Codec for BlobCodec {
+    type Protocol = StreamProtocol;
+    type Request = Request;
+    type Response = Response;
+
+    async fn read_request<T>(&mut self, _: &StreamProtocol, io: &mut T) -> io::Result<Request>
+    where
+        T: AsyncRead + Unpin + Send,
+    {
+        Request::decode(&read_frame(io, MAX_REQUEST).await?).ok_or_else(|| invalid("request"))
+    }
+
+    async fn read_response<T>(&mut self, _: &StreamProtocol, io: &mut T) -> io::Result<Response>
+    where
+        T: AsyncRead + Unpin + Send,
+    {
+        Response::decode(&read_frame(io, MAX_RESPONSE).await?).ok_or_else(|| invalid("response"))
+    }
+
+    async fn write_request<T>(
+        &mut self,
+        _: &StreamProtocol,
+        io: &mut T,
+        r: Request,
+    ) -> io::Result<()>
+    where
+        T: AsyncWrite + Unpin + Send,
+    {
+        write_frame(io, &r.encode()).await
+    }
+
+    async fn write_response<T>(
+        &mut self,
+        _: &StreamProtocol,
+        io: &mut T,
+        r: Response,
+    ) -> io::Result<()>
+    where
+        T: AsyncWrite + Unpin + Send,
+    {
+        write_frame(io, &r.encode()).await
+    }
+}
+
+/// The peer id of a member's node key.
+pub fn peer_id(member: &[u8; 32]) -> Option<PeerId> {
+    let pk = ed25519::PublicKey::try_from_bytes(member).ok()?;
+    Some(PeerId::from_public_key(&identity::PublicKey::from(pk)))
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("network setup: {0}")]
+pub struct SetupError(pub String);
+
+fn setup<E: std::fmt::Display>(e: E) -> SetupError {
+    SetupError(e.to_string())
+}
+
+/// Builds the swarm. `link` shapes TCP connections (benchmarks and tests);
+/// `mdns` enables LAN discovery (off in tests: it would multicast beyond
+/// loopback).
+pub fn build(
+    key: &ed25519::Keypair,
+    link: Link,
+    mdns: bool,
+) -> Result<Swarm<Behaviour>, SetupError> {
+    let id = identity::Keypair::from(key.clone());
+    let swarm = SwarmBuilder::with_existing_identity(id)
+        .with_tokio()
+        .with_quic()
+        .with_other_transport(|k| {
+            let tcp = tcp::tokio::Transport::new(tcp::Config::default().nodelay(true))
+                .map(move |s, _| Stream::new(s, link));
+            Ok::<_, Box<dyn std::error::Error + Send + Sync>>(
+                tcp.upgrade(upgrade::Version::V1Lazy)
+                    .authenticate(noise::Config::new(k)?)
+                    .multiplex(yamux::Config::default()),
+            )
+        })
+        .map_err(setup)?
+        .with_relay_client(noise::Config::new, yamux::Config::default)
+        .map_err(setup)?
+        .with_behaviour(|k, relay| {
+            let me = k.public().to_peer_id();
+            let gcfg = gossipsub::ConfigBuilder::default()
+                .heartbeat_interval(Duration::from_millis(500))
+                .validation_mode(gossipsub::ValidationMode::Strict)
+                .validate_messages()
+                .max_transmit_size(GOSSIP_TRANSMIT_MAX)
+                .mesh_n(6)
+                .mesh_n_low(2)
+                .mesh_n_high(12)
+                .mesh_outbound_min(1)
+                .build()?;
+            let gossip =
+                gossipsub::Behaviour::new(gossipsub::MessageAuthenticity::Signed(k.clone()), gcfg)?;
+            let blobs = request_response::Behaviour::with_codec(
+                BlobCodec,
+                [(BLOB_PROTOCOL, request_response::ProtocolSupport::Full)],
+                request_response::Config::default()
+                    .with_request_timeout(Duration::from_secs(20))
+                    .with_max_concurrent_streams(256),
+            );
+            let mut kad = kad::Behaviour::with_config(
+                me,
+                kad::store::MemoryStore::new(me),
+                kad::Config::new(KAD_PROTOCOL),
+            );
+            kad.set_mode(Some(kad::Mode::Server));
+            let mdns = if mdns {
+                Some(mdns::tokio::Behaviour::new(mdns::Config::default(), me)?)
+            } else {
+                None
+            };
+            Ok::<_, Box<dyn std::error::Error + Send + Sync>>(Behaviour {
+                gossip,
+                blobs,
+                identify: identify::Behaviour::new(identify::Config::new(
+                    "/cohort/1".into(),
+                    k.public(),
+                )),
+                kad,
+                mdns: Toggle::from(mdns),
+                relay,
+                dcutr: dcutr::Behaviour::new(me),
+                autonat: autonat::Behaviour::new(me, autonat::Config::default()),
+                ping: ping::Behaviour::new(ping::Config::new()),
+            })
+        })
+        .map_err(setup)?
+        .with_swarm_config(|c| c.with_idle_connection_timeout(Duration::from_secs(120)))
+        .build();
+    Ok(swarm)
+}

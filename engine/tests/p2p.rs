@@ -1,0 +1,468 @@
+//! Separate OS processes training one job over libp2p on 127.0.0.1 (and,
+//! where permitted, across network namespaces): identical model hashes after
+//! every step, churn, late joiners, and hostile input.
+
+use cohort_engine::net::msg::{self, Body, Drop, Heartbeat};
+use cohort_engine::net::node::hex;
+use cohort_engine::net::peer::{local_job, local_member};
+use cohort_engine::net::shaper::Link;
+use cohort_engine::net::swarm;
+use libp2p::futures::StreamExt;
+use libp2p::gossipsub::{self, IdentTopic};
+use libp2p::swarm::SwarmEvent;
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// These tests each run several training processes: one at a time, or two
+/// cores would make every timeout fire.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+const PEER: &str = env!("CARGO_BIN_EXE_cohort-peer");
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    let start = line.find(&format!("\"{key}\":"))? + key.len() + 3;
+    let rest = &line[start..];
+    let rest = rest.strip_prefix('"').unwrap_or(rest);
+    let end = rest.find(['"', ',', '}']).unwrap_or(rest.len());
+    Some(&rest[..end])
+}
+
+/// A peer process and everything it printed.
+struct Peer {
+    child: Child,
+    lines: Arc<Mutex<Vec<String>>>,
+}
+
+impl Peer {
+    fn spawn(cmd: &mut Command) -> Peer {
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn cohort-peer");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let out = child.stdout.take().unwrap();
+        let l = lines.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                l.lock().unwrap().push(line);
+            }
+        });
+        Peer { child, lines }
+    }
+
+    fn lines(&self) -> Vec<String> {
+        self.lines.lock().unwrap().clone()
+    }
+
+    /// step → model hash, from `applied` lines.
+    fn hashes(&self) -> BTreeMap<u32, String> {
+        self.lines()
+            .iter()
+            .filter(|l| l.contains(r#""event":"applied""#))
+            .map(|l| {
+                (
+                    field(l, "step").unwrap().parse().unwrap(),
+                    field(l, "hash").unwrap().to_string(),
+                )
+            })
+            .collect()
+    }
+
+    fn applied(&self) -> Option<u32> {
+        self.hashes().keys().next_back().copied()
+    }
+
+    fn wait_for(&self, what: &str, timeout: Duration, pred: impl Fn(&Peer) -> bool) {
+        let t0 = Instant::now();
+        while !pred(self) {
+            assert!(
+                t0.elapsed() < timeout,
+                "timed out waiting for {what}; output so far:\n{}",
+                self.lines().join("\n")
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn finish(&mut self, timeout: Duration) -> String {
+        self.wait_for("exit", timeout, |p| {
+            p.lines().iter().any(|l| l.contains(r#""event":"done""#))
+        });
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "peer exited with {status}");
+        self.lines()
+            .into_iter()
+            .find(|l| l.contains(r#""event":"done""#))
+            .unwrap()
+    }
+}
+
+impl std::ops::Drop for Peer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn addr(port: u16, i: usize) -> String {
+    let peer = swarm::peer_id(&local_member(i).1).unwrap();
+    format!("/ip4/127.0.0.1/tcp/{port}/p2p/{peer}")
+}
+
+fn peer_cmd(job: &str, i: usize, n: usize, steps: u32, ports: &[u16]) -> Command {
+    let mut c = Command::new(PEER);
+    c.env("RAYON_NUM_THREADS", "1").args([
+        "--job",
+        job,
+        "--index",
+        &i.to_string(),
+        "--members",
+        &n.to_string(),
+        "--steps",
+        &steps.to_string(),
+        "--listen",
+        &format!("/ip4/127.0.0.1/tcp/{}", ports[i]),
+        "--collect-ms",
+        "1500",
+        "--fallback-ms",
+        "1000",
+        "--batch",
+        "4",
+    ]);
+    for (j, p) in ports.iter().enumerate() {
+        if j != i {
+            c.args(["--peer", &addr(*p, j)]);
+        }
+    }
+    c
+}
+
+/// Every step that two peers both applied has the same hash.
+fn assert_agree(peers: &[&Peer]) -> usize {
+    let maps: Vec<_> = peers.iter().map(|p| p.hashes()).collect();
+    let mut compared = 0;
+    for (i, a) in maps.iter().enumerate() {
+        for b in &maps[i + 1..] {
+            for (step, h) in a {
+                if let Some(h2) = b.get(step) {
+                    assert_eq!(h, h2, "hashes differ at step {step}");
+                    compared += 1;
+                }
+            }
+        }
+    }
+    compared
+}
+
+#[test]
+fn processes_train_one_model_through_a_kill_a_restart_and_a_late_joiner() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = std::env::temp_dir().join(format!("cohort-p2p-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (n, steps) = (4, 40);
+    let ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
+    let ckpt = |i: usize| dir.join(format!("member-{i}.ckpt"));
+    let start = |i: usize, extra: &[&str]| {
+        let mut c = peer_cmd("churn", i, n, steps, &ports);
+        c.args([
+            "--checkpoint",
+            ckpt(i).to_str().unwrap(),
+            "--min-peers",
+            "2",
+        ]);
+        c.args(extra);
+        Peer::spawn(&mut c)
+    };
+    // Members 0-2 start together; member 3 is late.
+    let p0 = start(0, &[]);
+    let p1 = start(1, &[]);
+    let mut p2 = start(2, &[]);
+    let long = Duration::from_secs(120);
+    p2.wait_for("member 2 at step 5", long, |p| p.applied() >= Some(5));
+    p2.child.kill().unwrap(); // SIGKILL
+    p2.child.wait().unwrap();
+    let killed_at = p2.applied().unwrap();
+    // The others go on without it.
+    p0.wait_for("progress after the kill", long, |p| {
+        p.applied() >= Some(killed_at + 6)
+    });
+    let dropped_by = p0
+        .lines()
+        .iter()
+        .filter(|l| l.contains(r#""event":"applied""#))
+        .filter(|l| field(l, "step").unwrap().parse::<u32>().unwrap() > killed_at + 2)
+        .all(|l| !l.contains("contributors\":[0, 1, 2") && !l.contains(", 2]"));
+    assert!(dropped_by, "member 2 still listed after it died");
+    // Restarted, it resumes from its checkpoint and rejoins.
+    let p2b = start(2, &[]);
+    p2b.wait_for("member 2 to resync", long, |p| {
+        p.lines()
+            .iter()
+            .any(|l| l.contains(r#""event":"synced""#) && l.contains(r#""resumed":true"#))
+    });
+    // A late joiner downloads the state and contributes from the next step.
+    let p3 = start(3, &["--join"]);
+    p3.wait_for("member 3 to sync", long, |p| {
+        p.lines().iter().any(|l| l.contains(r#""event":"synced""#))
+    });
+    let mut peers = [p0, p1, p2b, p3];
+    let mut done = Vec::new();
+    for p in peers.iter_mut() {
+        done.push(p.finish(long));
+    }
+    let finals: Vec<&str> = done.iter().map(|d| field(d, "hash").unwrap()).collect();
+    if !finals.iter().all(|h| *h == finals[0]) {
+        let h0 = peers[0].hashes();
+        for (i, p) in peers.iter().enumerate() {
+            let first = p.hashes().into_iter().find(|(s, h)| h0.get(s) != Some(h));
+            let notes: Vec<String> = p
+                .lines()
+                .into_iter()
+                .filter(|l| !l.contains(r#""event":"applied""#))
+                .collect();
+            eprintln!("member {i}: first differing step {first:?}; {notes:?}");
+        }
+        panic!("final hashes differ: {finals:?}");
+    }
+    assert!(
+        done.iter()
+            .all(|d| field(d, "applied") == Some(&steps.to_string()))
+    );
+    let compared = assert_agree(&peers.iter().collect::<Vec<_>>());
+    assert!(compared > 60, "only {compared} step hashes compared");
+    // Both the restarted member and the joiner contributed again.
+    assert!(
+        peers[0].lines().iter().any(|l| l.contains("[0, 1, 2, 3]")),
+        "no step applied contributions from all four members"
+    );
+    assert!(done.iter().all(|d| d.contains(r#""bad_signature":0"#)));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Network namespaces joined by a veth pair: a real link between two
+/// network stacks. Needs `ip netns` (root); skips with a message otherwise.
+#[test]
+fn two_nodes_train_across_network_namespaces() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let tag = format!("c{}", std::process::id() % 100000);
+    let (a, b) = (format!("{tag}a"), format!("{tag}b"));
+    let ip = |args: &[&str]| {
+        Command::new("ip")
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if !ip(&["netns", "add", &a]) {
+        eprintln!("SKIPPED: `ip netns add` is not permitted here (needs root and iproute2)");
+        return;
+    }
+    struct Cleanup(Vec<String>);
+    impl std::ops::Drop for Cleanup {
+        fn drop(&mut self) {
+            for ns in &self.0 {
+                let _ = Command::new("ip").args(["netns", "del", ns]).status();
+            }
+        }
+    }
+    let _cleanup = Cleanup(vec![a.clone(), b.clone()]);
+    let (va, vb) = (format!("{tag}va"), format!("{tag}vb"));
+    let ok = ip(&["netns", "add", &b])
+        && ip(&["link", "add", &va, "type", "veth", "peer", "name", &vb])
+        && ip(&["link", "set", &va, "netns", &a])
+        && ip(&["link", "set", &vb, "netns", &b])
+        && ip(&["-n", &a, "addr", "add", "10.231.0.1/24", "dev", &va])
+        && ip(&["-n", &b, "addr", "add", "10.231.0.2/24", "dev", &vb])
+        && ip(&["-n", &a, "link", "set", &va, "up"])
+        && ip(&["-n", &b, "link", "set", &vb, "up"])
+        && ip(&["-n", &a, "link", "set", "lo", "up"])
+        && ip(&["-n", &b, "link", "set", "lo", "up"]);
+    assert!(
+        ok,
+        "namespaces were created but the veth link could not be set up"
+    );
+    let steps = 8;
+    let cmd = |ns: &str, i: usize, me: &str, other: &str| {
+        let mut c = Command::new("ip");
+        c.env("RAYON_NUM_THREADS", "1")
+            .args(["netns", "exec", ns, PEER]);
+        let peer = swarm::peer_id(&local_member(1 - i).1).unwrap();
+        c.args([
+            "--job",
+            "netns",
+            "--index",
+            &i.to_string(),
+            "--members",
+            "2",
+            "--steps",
+            &steps.to_string(),
+            "--batch",
+            "4",
+            "--listen",
+            &format!("/ip4/{me}/tcp/4100"),
+            "--peer",
+            &format!("/ip4/{other}/tcp/4100/p2p/{peer}"),
+        ]);
+        c
+    };
+    let mut pa = Peer::spawn(&mut cmd(&a, 0, "10.231.0.1", "10.231.0.2"));
+    let mut pb = Peer::spawn(&mut cmd(&b, 1, "10.231.0.2", "10.231.0.1"));
+    let t = Duration::from_secs(120);
+    let (da, db) = (pa.finish(t), pb.finish(t));
+    assert_eq!(field(&da, "hash"), field(&db, "hash"));
+    assert_eq!(assert_agree(&[&pa, &pb]), steps as usize);
+}
+
+/// Two honest peers and an attacker on the gossip topic. The attacker
+/// publishes `make(captured honest message)` repeatedly; both honest
+/// peers must finish with equal hashes and count the drops as `expect`.
+fn hostile(expect: Drop, make: fn(&[u8]) -> Vec<u8>) {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let job = format!("hostile-{}", expect.name());
+    let steps = 20;
+    let ports = [free_port(), free_port()];
+    let mut honest: Vec<Peer> = (0..2)
+        .map(|i| Peer::spawn(&mut peer_cmd(&job, i, 2, steps, &ports)))
+        .collect();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let attacker_key = msg::keypair(&[0xAA; 32]);
+    let topic = IdentTopic::new(format!("cohort/{}", hex(&local_job(&job)[..8])));
+    let sent = rt.block_on(async {
+        let mut sw = swarm::build(&attacker_key, Link::default(), false).unwrap();
+        sw.behaviour_mut().gossip.subscribe(&topic).unwrap();
+        let mut redial = true;
+        let mut captured: Option<Vec<u8>> = None;
+        let mut sent = 0u32;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
+        loop {
+            tokio::select! {
+                ev = sw.select_next_some() => {
+                    if let SwarmEvent::OutgoingConnectionError { .. } = ev {
+                        redial = true;
+                    }
+                    if let SwarmEvent::Behaviour(swarm::BehaviourEvent::Gossip(
+                        gossipsub::Event::Message { message, .. })) = ev
+                    {
+                        captured = Some(message.data);
+                    }
+                }
+                _ = tick.tick() => {
+                    if std::mem::take(&mut redial) {
+                        for (i, p) in ports.iter().enumerate() {
+                            let _ = sw.dial(addr(*p, i).parse::<libp2p::Multiaddr>().unwrap());
+                        }
+                    }
+                    if let Some(c) = &captured
+                        && sw.behaviour_mut().gossip.publish(topic.clone(), make(c)).is_ok()
+                    {
+                        sent += 1;
+                    }
+                    let finished = honest.iter().all(|p| p.lines().iter().any(|l| l.contains(r#""event":"done""#)));
+                    if finished || tokio::time::Instant::now() > deadline {
+                        break;
+                    }
+                }
+            }
+        }
+        sent
+    });
+    assert!(sent > 0, "the attacker never got a message out");
+    let done: Vec<String> = honest
+        .iter_mut()
+        .map(|p| p.finish(Duration::from_secs(60)))
+        .collect();
+    assert_eq!(field(&done[0], "hash"), field(&done[1], "hash"));
+    assert!(
+        done.iter()
+            .all(|d| field(d, "applied") == Some(&steps.to_string()))
+    );
+    let counted: u64 = done
+        .iter()
+        .map(|d| field(d, expect.name()).unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert!(
+        counted > 0,
+        "no `{}` drops counted: {done:?}",
+        expect.name()
+    );
+    assert_eq!(assert_agree(&[&honest[0], &honest[1]]), steps as usize);
+}
+
+#[test]
+fn oversized_messages_are_dropped_and_counted() {
+    hostile(Drop::Oversized, |c| {
+        let mut m = c.to_vec();
+        m.resize(msg::MAX_GOSSIP * 2, 0x55);
+        m
+    });
+}
+
+#[test]
+fn truncated_messages_are_dropped_and_counted() {
+    hostile(Drop::Malformed, |c| c[..c.len() / 2].to_vec());
+}
+
+#[test]
+fn unsigned_messages_are_dropped_and_counted() {
+    hostile(Drop::BadSignature, |c| {
+        let mut m = c.to_vec();
+        let n = m.len();
+        m[n - 64..].fill(0);
+        m
+    });
+}
+
+#[test]
+fn replayed_messages_are_dropped_and_counted() {
+    hostile(Drop::Replayed, |c| c.to_vec());
+}
+
+#[test]
+fn wrong_job_messages_are_dropped_and_counted() {
+    // Signed by a real member of the job, but for another job.
+    hostile(Drop::WrongJob, |_| {
+        let (secret, _) = local_member(0);
+        let hb = Heartbeat {
+            job: local_job("some-other-job"),
+            member: 0,
+            seq: u64::MAX,
+            ready_from: 0,
+            applied: 0,
+        };
+        msg::sign(&Body::Heartbeat(hb), &msg::keypair(&secret))
+    });
+}
+
+#[test]
+fn messages_from_non_members_are_dropped_and_counted() {
+    hostile(Drop::NotMember, |c| {
+        let mut hb = Heartbeat {
+            job: [0; 32],
+            member: 0,
+            seq: u64::MAX,
+            ready_from: 0,
+            applied: 0,
+        };
+        if let Ok(s) = msg::open(c) {
+            hb.job = *s.body.job();
+        }
+        msg::sign(&Body::Heartbeat(hb), &msg::keypair(&[0xAA; 32]))
+    });
+}
