@@ -657,7 +657,7 @@ mod tests {
         let leader = ms[0].leader(1, 0);
         let acts = run_step(&mut ms, 1, &alive, Duration::from_secs(10));
         let published = acts.iter().any(|a| matches!(a, Action::Publish(_)));
-        assert_eq!(published, false, "published before the collect timeout");
+        assert!(!published, "published before the collect timeout");
         let late = Duration::from_secs(10) + Timing::default().collect;
         let wait = if leader == 3 {
             late + Timing::default().fallback
