@@ -208,10 +208,12 @@ fn train_loop(
         let state_hash = *blake3::hash(&snapshot).as_bytes();
         (state_hash, snapshot)
     };
-    let (h, snap) = publish_state(&trainer);
+    // The state hash of the current weights, kept so each step encodes and
+    // hashes the full state once (it is checked against the next manifest).
+    let (mut current_hash, snap) = publish_state(&trainer);
     send(FromTrainer::Applied {
         step: trainer.step(),
-        state_hash: h,
+        state_hash: current_hash,
         snapshot: snap,
         event: NodeEvent::Synced {
             step: trainer.step(),
@@ -265,7 +267,7 @@ fn train_loop(
             }
         };
         let unblocked = now_us();
-        if manifest.state_hash != publish_state(&trainer).0 {
+        if manifest.state_hash != current_hash {
             send(FromTrainer::Diverged {
                 step: manifest.step,
             })?;
@@ -292,6 +294,7 @@ fn train_loop(
         let blocked = (unblocked.saturating_sub(blocked_from)) as f64 / 1e6;
         let wait = (last_produced_us.saturating_sub(blocked_from) as f64 / 1e6).min(blocked);
         let (state_hash, snapshot) = publish_state(&trainer);
+        current_hash = state_hash;
         send(FromTrainer::Applied {
             step: trainer.step(),
             state_hash,
@@ -330,7 +333,7 @@ struct Net {
     machine: StepMachine,
     peers: Vec<Option<PeerId>>,
     started: Instant,
-    payloads: HashMap<[u8; 32], (u32, Vec<u8>)>,
+    payloads: HashMap<[u8; 32], Vec<u8>>,
     manifests_raw: BTreeMap<u32, Vec<u8>>,
     snapshots: BTreeMap<u32, Arc<Vec<u8>>>,
     pending: HashMap<OutboundRequestId, Pending>,
@@ -345,6 +348,8 @@ struct Net {
     to_trainer: std_mpsc::Sender<ToTrainer>,
     unpublished: Vec<Vec<u8>>,
     stats: NodeStats,
+    /// `COHORT_NET_DEBUG` set: log every protocol action to stderr.
+    debug: bool,
     done: Option<Instant>,
     peers_done: std::collections::BTreeSet<u32>,
 }
@@ -354,31 +359,25 @@ impl Net {
         self.started.elapsed()
     }
 
+    /// Gossips `raw`; with no subscribed peer yet it is kept for the next
+    /// tick.
     fn publish(&mut self, raw: Vec<u8>) {
-        self.stats.bytes_out += raw.len() as u64;
         if self
             .swarm
             .behaviour_mut()
             .gossip
             .publish(self.topic.clone(), raw.clone())
-            .is_err()
+            .is_ok()
         {
-            // No subscribed peer yet: retry on the next tick.
+            self.stats.bytes_out += raw.len() as u64;
+        } else {
             self.unpublished.push(raw);
         }
     }
 
     fn retry_unpublished(&mut self) {
         for raw in std::mem::take(&mut self.unpublished) {
-            if self
-                .swarm
-                .behaviour_mut()
-                .gossip
-                .publish(self.topic.clone(), raw.clone())
-                .is_err()
-            {
-                self.unpublished.push(raw);
-            }
+            self.publish(raw);
         }
     }
 
@@ -505,7 +504,7 @@ impl Net {
             Request::Payload(h) => self
                 .payloads
                 .get(&h)
-                .map_or(Response::NotFound, |(_, b)| Response::Payload(b.clone())),
+                .map_or(Response::NotFound, |b| Response::Payload(b.clone())),
             Request::Manifest { step } => self
                 .manifests_raw
                 .get(&step)
@@ -532,7 +531,7 @@ impl Net {
             (Pending::Payload(hash), Response::Payload(bytes)) => {
                 self.stats.bytes_in += bytes.len() as u64;
                 if *blake3::hash(&bytes).as_bytes() == hash && bytes.len() <= msg::MAX_RESPONSE {
-                    self.payloads.insert(hash, (self.applied, bytes));
+                    self.payloads.insert(hash, bytes);
                     self.machine.on_payload(hash);
                 } else {
                     self.stats.drop(Drop::BadBlob);
@@ -564,7 +563,7 @@ impl Net {
                 },
             ) => {
                 self.stats.bytes_in += chunk.len() as u64;
-                let Some((want_step, hash, buf, from)) = self.sync_buf.as_mut() else {
+                let Some((want_step, hash, buf, _)) = self.sync_buf.as_mut() else {
                     return;
                 };
                 if *want_step != step || offset as usize != buf.len() || total as usize > 1 << 30 {
@@ -584,13 +583,8 @@ impl Net {
                     return;
                 }
                 if *blake3::hash(buf).as_bytes() != *hash {
-                    let from = *from;
                     self.stats.drop(Drop::BadBlob);
-                    self.sync_buf = None;
-                    self.sync_requested = None;
-                    // Try the next member.
-                    let next = (from + 1) % self.cfg.members.len() as u32;
-                    self.request_snapshot(step, next);
+                    self.retry_snapshot(step);
                     return;
                 }
                 let bytes = std::mem::take(buf);
@@ -599,24 +593,21 @@ impl Net {
                 self.machine.resync(step);
                 let _ = self.to_trainer.send(ToTrainer::Snapshot { bytes });
             }
-            (Pending::Snapshot { step, .. }, _) => {
-                let from = self.sync_buf.as_ref().map_or(0, |b| b.3);
-                self.sync_buf = None;
-                self.sync_requested = None;
-                self.request_snapshot(step, (from + 1) % self.cfg.members.len() as u32);
-            }
+            (Pending::Snapshot { step, .. }, _) => self.retry_snapshot(step),
         }
+    }
+
+    /// The snapshot download failed or did not match: ask the next member.
+    fn retry_snapshot(&mut self, step: u32) {
+        let from = self.sync_buf.take().map_or(0, |b| b.3);
+        self.sync_requested = None;
+        self.request_snapshot(step, (from + 1) % self.cfg.members.len() as u32);
     }
 
     fn on_failure(&mut self, id: OutboundRequestId) {
         match self.pending.remove(&id) {
             Some(Pending::Payload(h)) => self.machine.on_fetch_failed(h),
-            Some(Pending::Snapshot { step, .. }) => {
-                let from = self.sync_buf.as_ref().map_or(0, |b| b.3);
-                self.sync_buf = None;
-                self.sync_requested = None;
-                self.request_snapshot(step, (from + 1) % self.cfg.members.len() as u32);
-            }
+            Some(Pending::Snapshot { step, .. }) => self.retry_snapshot(step),
             _ => {}
         }
     }
@@ -624,7 +615,7 @@ impl Net {
     fn drive(&mut self) {
         let actions = self.machine.poll(self.now());
         for a in actions {
-            if std::env::var_os("COHORT_NET_DEBUG").is_some() {
+            if self.debug {
                 eprintln!("[{}] {:?}", self.cfg.me, a);
             }
             match a {
@@ -659,12 +650,7 @@ impl Net {
                     let payloads = m
                         .entries
                         .iter()
-                        .map(|(_, h)| {
-                            self.payloads
-                                .get(h)
-                                .map(|p| p.1.clone())
-                                .unwrap_or_default()
-                        })
+                        .map(|(_, h)| self.payloads.get(h).cloned().unwrap_or_default())
                         .collect();
                     let last_produced_us = self.machine.last_produced_us(m.step);
                     let _ = self.to_trainer.send(ToTrainer::Apply {
@@ -807,6 +793,7 @@ pub async fn run(
         to_trainer,
         unpublished: Vec::new(),
         stats: NodeStats::default(),
+        debug: std::env::var_os("COHORT_NET_DEBUG").is_some(),
         done: None,
         peers_done: Default::default(),
         cfg,
@@ -850,7 +837,7 @@ pub async fn run(
                     }
                 },
                 SwarmEvent::Behaviour(BehaviourEvent::Blobs(request_response::Event::OutboundFailure { request_id, error, .. })) => {
-                    if std::env::var_os("COHORT_NET_DEBUG").is_some() {
+                    if net.debug {
                         eprintln!("[{}] request failed: {error}", net.cfg.me);
                     }
                     net.on_failure(request_id);
@@ -889,7 +876,7 @@ pub async fn run(
                     }
                     FromTrainer::Contribution { announce, bytes } => {
                         net.next_contribution = announce.step + 1;
-                        net.payloads.insert(announce.payload_hash, (net.applied, bytes));
+                        net.payloads.insert(announce.payload_hash, bytes);
                         let now = net.now();
                         net.machine.on_local(now, &announce);
                         net.publish(msg::sign(&Body::Announce(announce), &net.key));

@@ -140,6 +140,16 @@ pub fn simulate(cfg: &SimConfig, free_network: bool) -> SimResult {
             nodes[a as usize].latency + nodes[b as usize].latency
         }
     };
+    let announce = |step: u32, member: u32| Announce {
+        job,
+        epoch: 0,
+        step,
+        member,
+        payload_hash: hash_of(step, member),
+        momentum_hash: [0; 32],
+        len: cfg.payload_bytes as u32,
+        produced_us: 0,
+    };
     let mut now = 0.0f64;
     let mut counted = vec![false; n as usize];
     let mut finished = 0usize;
@@ -158,17 +168,7 @@ pub fn simulate(cfg: &SimConfig, free_network: bool) -> SimResult {
             Ev::ComputeDone { step, .. } => {
                 let me = &mut nodes[node as usize];
                 me.busy = false;
-                let a = Announce {
-                    job,
-                    epoch: 0,
-                    step,
-                    member: node,
-                    payload_hash: hash_of(step, node),
-                    momentum_hash: [0; 32],
-                    len: cfg.payload_bytes as u32,
-                    produced_us: 0,
-                };
-                me.machine.on_local(d, &a);
+                me.machine.on_local(d, &announce(step, node));
                 for j in 0..n {
                     if j != node {
                         let at = now + link(&nodes, node, j);
@@ -185,17 +185,9 @@ pub fn simulate(cfg: &SimConfig, free_network: bool) -> SimResult {
                 }
             }
             Ev::Announce { from, step, .. } => {
-                let a = Announce {
-                    job,
-                    epoch: 0,
-                    step,
-                    member: from,
-                    payload_hash: hash_of(step, from),
-                    momentum_hash: [0; 32],
-                    len: cfg.payload_bytes as u32,
-                    produced_us: 0,
-                };
-                nodes[node as usize].machine.on_announce(d, &a);
+                nodes[node as usize]
+                    .machine
+                    .on_announce(d, &announce(step, from));
             }
             Ev::Payload { hash, .. } => nodes[node as usize].machine.on_payload(hash),
             Ev::Manifest { idx, .. } => {
