@@ -20,11 +20,12 @@ use libp2p::identity::ed25519;
 pub const VERSION: u8 = 1;
 const MAGIC: &[u8; 3] = b"CHN";
 const DOMAIN: &[u8] = b"cohort-net-v1";
-/// Largest gossip message a node accepts: a manifest for 64 members is
-/// 2.4 kB, so anything bigger is hostile.
-pub const MAX_GOSSIP: usize = 4096;
+/// Largest gossip message a node accepts: a manifest lists 36 bytes per
+/// member, so one for the largest job (1,024 members) is 37 kB and
+/// anything bigger is hostile. Gossipsub itself carries up to 64 KiB.
+pub const MAX_GOSSIP: usize = 40 * 1024;
 /// Members listed in one manifest (bounded so the size limit holds).
-pub const MAX_MANIFEST_ENTRIES: usize = 96;
+pub const MAX_MANIFEST_ENTRIES: usize = 1024;
 const TRAILER: usize = 32 + 64;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -471,6 +472,28 @@ mod tests {
         };
         m.entries.reverse();
         assert_eq!(open(&sign(&Body::Manifest(m), &k)), Err(Drop::Malformed));
+    }
+
+    #[test]
+    fn a_manifest_for_the_largest_job_fits_and_one_more_member_does_not() {
+        let k = key(3);
+        let full = |n: usize| {
+            let Body::Manifest(mut m) = manifest() else {
+                unreachable!()
+            };
+            m.entries = (0..n as u32).map(|i| (i, [i as u8; 32])).collect();
+            sign(&Body::Manifest(m), &k)
+        };
+        let raw = full(MAX_MANIFEST_ENTRIES);
+        assert!(raw.len() <= MAX_GOSSIP, "{} bytes", raw.len());
+        let Body::Manifest(m) = open(&raw).expect("largest manifest").body else {
+            panic!("not a manifest")
+        };
+        assert_eq!(m.entries.len(), MAX_MANIFEST_ENTRIES);
+        assert_eq!(
+            open(&full(MAX_MANIFEST_ENTRIES + 1)).map(|_| ()),
+            Err(Drop::Malformed)
+        );
     }
 
     #[test]

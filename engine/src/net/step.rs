@@ -124,6 +124,7 @@ pub struct StepMachine {
     /// When each member was last heard from (any valid message).
     last_seen: BTreeMap<u32, Duration>,
     pub evidence: Vec<Equivocation>,
+    pruned_to: Option<u32>,
 }
 
 impl StepMachine {
@@ -155,6 +156,7 @@ impl StepMachine {
             manifest_asked: BTreeMap::new(),
             last_seen: BTreeMap::new(),
             evidence: Vec::new(),
+            pruned_to: None,
         }
     }
 
@@ -367,6 +369,27 @@ impl StepMachine {
         e
     }
 
+    /// Whether every member expected at `step` has announced a payload we
+    /// hold. The announcement count is checked first: this runs after every
+    /// event, and at a thousand members the full check on each would cost
+    /// the simulator (and a busy leader) members² per step.
+    fn all_expected_held(&self, step: u32, st: &StepState) -> bool {
+        if st.announced.len() < self.expected_floor(step) {
+            return false;
+        }
+        self.expected(step)
+            .iter()
+            .all(|m| st.announced.get(m).is_some_and(|h| self.held.contains(h)))
+    }
+
+    /// A lower bound on `expected(step).len()`, without building the set.
+    fn expected_floor(&self, step: u32) -> usize {
+        match step.checked_sub(1).and_then(|p| self.steps.get(&p)) {
+            Some(prev) if !prev.announced.is_empty() => prev.announced.len(),
+            _ => self.n as usize,
+        }
+    }
+
     fn publish_at(&self, attempt: u8, opened: Duration) -> Duration {
         opened + self.timing.collect + self.timing.fallback * attempt as u32
     }
@@ -404,20 +427,22 @@ impl StepMachine {
             .copied()
             .collect();
         for hash in due {
-            let leaders: Vec<u32> = self
-                .steps
-                .values()
-                .filter_map(|s| s.manifest.as_ref())
-                .filter(|m| m.entries.iter().any(|(_, h)| *h == hash))
-                .map(|m| m.leader)
-                .collect();
+            let Some(p) = self.pending.get(&hash) else {
+                self.failed.remove(&hash);
+                continue;
+            };
+            // First the author, then the manifest's leader, then anyone.
+            let from = match p.tries {
+                0 => p.member,
+                1 => self
+                    .steps
+                    .get(&p.step)
+                    .and_then(|s| s.manifest.as_ref())
+                    .map_or(p.member + 1, |m| m.leader),
+                t => p.member + t,
+            };
             if let Some(p) = self.pending.get_mut(&hash) {
-                // First the author, then the manifest's leader, then anyone.
-                let mut from = match p.tries {
-                    0 => p.member,
-                    1 => leaders.first().copied().unwrap_or(p.member + 1),
-                    t => p.member + t,
-                } % n;
+                let mut from = from % n;
                 if from == me {
                     from = (from + 1) % n;
                 }
@@ -457,22 +482,20 @@ impl StepMachine {
                 }
             }
             let st = &self.steps[&step];
-            let held: Vec<(u32, [u8; 32])> = st
-                .announced
-                .iter()
-                .filter(|(_, h)| self.held.contains(*h))
-                .map(|(m, h)| (*m, *h))
-                .collect();
             let due = if attempt == 0 {
-                let expected = self.expected(step);
-                expected.iter().all(|m| held.iter().any(|(h, _)| h == m))
-                    || now >= self.publish_at(0, opened)
+                now >= self.publish_at(0, opened) || self.all_expected_held(step, st)
             } else {
                 now >= self.publish_at(attempt, opened)
             };
             if !due {
                 continue;
             }
+            let held: Vec<(u32, [u8; 32])> = st
+                .announced
+                .iter()
+                .filter(|(_, h)| self.held.contains(*h))
+                .map(|(m, h)| (*m, *h))
+                .collect();
             let m = Manifest {
                 job: self.job,
                 epoch: self.epoch,
@@ -526,18 +549,42 @@ impl StepMachine {
         }
     }
 
-    /// When the next timer-driven action could become due.
-    pub fn next_deadline(&self) -> Option<Duration> {
+    /// When the next timer-driven action could become due, after `now`. A
+    /// fall-back leader past its slot waits either for every earlier leader
+    /// to fall silent or for the `silent` limit, so both are candidates;
+    /// returning a deadline already passed would make a caller spin.
+    pub fn next_deadline(&self, now: Duration) -> Option<Duration> {
         let next = self.next_apply?;
         let mut best: Option<Duration> = None;
-        let mut take = |d: Duration| best = Some(best.map_or(d, |b| b.min(d)));
+        let mut take = |d: Duration| {
+            if d > now {
+                best = Some(best.map_or(d, |b| b.min(d)));
+            }
+        };
         for (&step, s) in self.steps.range(next..) {
             if s.manifest.is_some() {
                 continue;
             }
             let Some(o) = s.opened else { continue };
-            if let Some(a) = self.my_attempt(step) {
-                take(self.publish_at(a, o));
+            let Some(a) = self.my_attempt(step) else {
+                continue;
+            };
+            let at = self.publish_at(a, o);
+            take(at);
+            if a > 0 {
+                take(at + self.timing.silent);
+                let r = self.rotation(step);
+                let all_gone = (0..a as u32)
+                    .map(|b| {
+                        let l = (r + b) % self.n;
+                        self.last_seen
+                            .get(&l)
+                            .map_or(Duration::ZERO, |t| *t + self.timing.alive)
+                    })
+                    .max();
+                if let Some(g) = all_gone {
+                    take(g.max(at));
+                }
             }
         }
         best
@@ -548,6 +595,12 @@ impl StepMachine {
             return;
         };
         let floor = next.saturating_sub(KEEP);
+        // Called on every poll; the retains below cost the pending set's
+        // size, so they run only when the floor moves.
+        if self.pruned_to == Some(floor) {
+            return;
+        }
+        self.pruned_to = Some(floor);
         let old: Vec<u32> = self.steps.range(..floor).map(|(s, _)| *s).collect();
         for s in old {
             if let Some(st) = self.steps.remove(&s) {
@@ -685,6 +738,49 @@ mod tests {
         let t = wait + MS;
         let acts = run_step(&mut ms, 2, &alive, t);
         assert!(acts.iter().any(|a| matches!(a, Action::Publish(_))) || ms[0].leader(2, 0) == 3);
+    }
+
+    #[test]
+    fn a_fall_back_leader_waiting_on_a_live_leader_is_never_due_in_the_past() {
+        let mut ms = machines(4);
+        run_step(&mut ms, 0, &[0, 1, 2, 3], Duration::ZERO);
+        let t = Timing::default();
+        let leader = ms[0].leader(1, 0);
+        let backup = ms[0].leader(1, 1) as usize;
+        // Step 1 opens with one member missing, so nobody publishes early.
+        let open = Duration::from_secs(10);
+        ms[backup].on_applied(1, [1; 32]);
+        ms[backup].on_announce(open, &announce(1, (backup as u32 + 2) % 4));
+        // Past the back-up's slot, the leader is still heard from.
+        let mut now = open + t.collect + t.fallback + MS;
+        ms[backup].on_alive(now, leader);
+        assert!(
+            !ms[backup]
+                .poll(now)
+                .iter()
+                .any(|a| matches!(a, Action::Publish(_))),
+            "replaced a live leader"
+        );
+        // Following deadlines moves time forward every time, and ends in
+        // the back-up publishing once the leader has been silent long enough.
+        let mut published = false;
+        for _ in 0..16 {
+            let d = ms[backup]
+                .next_deadline(now)
+                .expect("a deadline while the step is open");
+            assert!(d > now, "deadline {d:?} not after {now:?}");
+            now = d;
+            if ms[backup]
+                .poll(now)
+                .iter()
+                .any(|a| matches!(a, Action::Publish(_)))
+            {
+                published = true;
+                break;
+            }
+        }
+        assert!(published, "the back-up never stepped in");
+        assert!(now >= open + t.collect + t.fallback + t.alive);
     }
 
     #[test]
