@@ -8,6 +8,8 @@
 //! contribution earns its member one point, and witnesses attest the real
 //! model hash and contribution root.
 
+use crate::chain::embedded::Embedded;
+use crate::chain::{Chain, LAMPORTS_PER_SOL};
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use cohort_engine::backend;
 use cohort_engine::data::Corpus;
@@ -21,14 +23,9 @@ use cohort_program::schedule::Committee;
 use cohort_program::state::{
     AccountState, Backend, Benchmark, Epoch, Job, JobSpec, JobState, Member,
 };
-use solana_program_test::{ProgramTest, ProgramTestContext, processor};
-use solana_sdk::clock::Clock;
 use solana_sdk::instruction::Instruction;
 use solana_sdk::pubkey::Pubkey;
 use solana_sdk::signature::{Keypair, Signer};
-use solana_sdk::transaction::Transaction;
-
-const LAMPORTS_PER_SOL: u64 = 1_000_000_000;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Options {
@@ -93,67 +90,45 @@ pub struct Summary {
     pub transactions_per_node_epoch: f64,
 }
 
-struct Chain {
-    ctx: ProgramTestContext,
+/// The embedded chain behind the stock RPC client, plus a sandbox wallet
+/// that pays every fee (so balances show only what the job moved).
+struct Sandbox {
+    chain: Chain,
+    fees: Keypair,
     txs: u64,
 }
 
-impl Chain {
+impl Sandbox {
     async fn start() -> Result<Self> {
-        let mut pt = ProgramTest::default();
-        pt.prefer_bpf(false);
-        let builtin = processor!(cohort_program::processor::process_instruction)
-            .ok_or_else(|| anyhow!("could not load the Cohort program as a builtin"))?;
-        pt.add_builtin_program("cohort_program", cohort_program::ID, builtin);
-        let mut ctx = pt.start_with_context().await;
-        // Slot hashes (the epoch seed's source) exist only after the first slots.
-        ctx.warp_to_slot(5).map_err(|e| anyhow!("warp: {e:?}"))?;
-        let mut chain = Self { ctx, txs: 0 };
-        chain.set_time(1_800_000_000);
-        Ok(chain)
-    }
-
-    fn set_time(&mut self, unix_timestamp: i64) {
-        self.ctx.set_sysvar(&Clock {
-            slot: 5,
-            unix_timestamp,
-            ..Default::default()
-        });
+        let embedded = Embedded::start().await?;
+        let chain = Chain::new(embedded.client(), "embedded chain");
+        let fees = Keypair::new();
+        chain
+            .airdrop(&fees.pubkey(), 100 * LAMPORTS_PER_SOL)
+            .await?;
+        Ok(Self {
+            chain,
+            fees,
+            txs: 0,
+        })
     }
 
     async fn send(&mut self, what: &str, ixs: &[Instruction], signers: &[&Keypair]) -> Result<()> {
-        let payer = self.ctx.payer.insecure_clone();
-        let mut all = vec![&payer];
-        all.extend_from_slice(signers);
-        let blockhash = self.ctx.get_new_latest_blockhash().await?;
-        let tx = Transaction::new_signed_with_payer(ixs, Some(&payer.pubkey()), &all, blockhash);
-        self.ctx
-            .banks_client
-            .process_transaction(tx)
-            .await
-            .with_context(|| format!("{what} failed"))?;
+        self.chain.send(what, ixs, &self.fees, signers).await?;
         self.txs += 1;
         Ok(())
     }
 
     async fn balance(&mut self, k: &Pubkey) -> Result<u64> {
-        Ok(self.ctx.banks_client.get_balance(*k).await?)
+        self.chain.balance(k).await
     }
 
     async fn state<T: AccountState>(&mut self, k: &Pubkey) -> Result<T> {
-        let acc = self
-            .ctx
-            .banks_client
-            .get_account(*k)
-            .await?
-            .ok_or_else(|| anyhow!("account {k} not found"))?;
-        T::decode(&acc.data).map_err(|e| anyhow!("account {k}: {e}"))
+        self.chain.must(k, "account").await
     }
 
     async fn fund(&mut self, to: &Pubkey, lamports: u64) -> Result<()> {
-        let payer = self.ctx.payer.pubkey();
-        let ix = solana_system_interface::instruction::transfer(&payer, to, lamports);
-        self.send("airdrop", &[ix], &[]).await
+        self.chain.airdrop(to, lamports).await
     }
 }
 
@@ -168,7 +143,7 @@ pub async fn run(opts: Options) -> Result<Summary> {
     );
     let model = ModelConfig::tiny();
     let corpus = Corpus::bundled()?;
-    let mut chain = Chain::start().await?;
+    let mut chain = Sandbox::start().await?;
     let requester = Keypair::new();
     chain
         .fund(&requester.pubkey(), 10 * LAMPORTS_PER_SOL)
@@ -262,7 +237,7 @@ pub async fn run(opts: Options) -> Result<Summary> {
     let mut ledger = ContributionLedger::default();
     let mut val_loss = Vec::new();
     let mut per_epoch_node_txs = 0u64;
-    let cranker = chain.ctx.payer.insecure_clone();
+    let cranker = chain.fees.insecure_clone();
     for e in 0..opts.epochs {
         chain
             .send(

@@ -1,7 +1,12 @@
 //! `cohort`: the desktop app and headless node. For now a CLI whose `demo`
 //! runs the whole job-board lifecycle on an embedded chain.
 
+mod chain;
+mod cli;
 mod demo;
+mod job;
+mod localnet_cmd;
+mod node;
 
 use anyhow::{Result, bail};
 
@@ -10,8 +15,12 @@ Cohort: join decentralized AI training with one click.
 
 Usage:
   cohort demo [--nodes N] [--epochs N] [--steps N]
-  cohort node --peer-only --index I --members N [...]   one P2P member (see --help)
                                          train a job end to end on an embedded local chain
+  cohort localnet [--port 8899]          serve a local chain as Solana JSON-RPC on 127.0.0.1
+  cohort airdrop SOL [--to ADDRESS]      fund a wallet on a local chain
+  cohort job create|list|status|cancel   post and follow training jobs (`cohort job help`)
+  cohort node [--job JOB] [...]          register, join, train, attest and claim (`cohort node --help`)
+  cohort node --peer-only --index I --members N [...]   one P2P member, no chain
   cohort --version                       print the version
   cohort --help                          print this help
 ";
@@ -40,18 +49,26 @@ fn run(args: Vec<String>) -> Result<()> {
         }
         Some("demo") => {
             let opts = demo::Options::parse(&args[1..])?;
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?;
-            rt.block_on(demo::run(opts)).map(|_| ())
+            runtime()?.block_on(demo::run(opts)).map(|_| ())
         }
+        Some("localnet") => runtime()?.block_on(localnet_cmd::main(&args[1..])),
+        Some("airdrop") => runtime()?.block_on(localnet_cmd::airdrop(&args[1..])),
+        Some("job") => runtime()?.block_on(job::main(&args[1..])),
         // One member of a local job on libp2p, without chain or UI (the
         // node lifecycle builds on it). Exits with the peer's own code.
         Some("node") if args.get(1).map(String::as_str) == Some("--peer-only") => {
             std::process::exit(cohort_engine::net::peer::main(&args[2..]))
         }
+        Some("node") => runtime()?.block_on(node::main(&args[1..])),
         Some(other) => bail!("unknown command `{other}`; run `cohort --help`"),
     }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?)
 }
 
 #[cfg(test)]

@@ -19,6 +19,7 @@ pub mod model;
 pub mod net;
 pub mod optim;
 pub mod params;
+pub mod probe;
 pub mod wire;
 
 pub use error::EngineError;

@@ -283,6 +283,16 @@ impl JobSpec {
         self.arch = fixed_str(arch);
     }
 
+    /// The human-readable architecture, as `set_arch` stored it.
+    pub fn arch_str(&self) -> String {
+        let end = self
+            .arch
+            .iter()
+            .position(|b| *b == 0)
+            .unwrap_or(self.arch.len());
+        String::from_utf8_lossy(&self.arch[..end]).into_owned()
+    }
+
     /// The checks `create_job` applies; clients call it too, to fail before sending.
     pub fn validate(&self) -> Result<(), CohortError> {
         let w = self.witness_count as usize;

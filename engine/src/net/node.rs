@@ -53,6 +53,12 @@ pub struct NodeConfig {
     pub mdns: bool,
     /// Peers to wait for before a fresh start (0: all other members).
     pub min_peers: usize,
+    /// First step of this epoch. A checkpoint saved exactly there holds the
+    /// state every member ended the previous epoch with (the first
+    /// manifest's state hash checks it), so all members start from their
+    /// own copies at once; syncing from peers would deadlock, since every
+    /// one of them would be waiting for another.
+    pub epoch_start: Option<u32>,
 }
 
 /// Where each step's time went on this node.
@@ -182,7 +188,7 @@ fn train_loop(
         && path.exists()
     {
         trainer.restore(path).map_err(|e| e.to_string())?;
-        resumed = true;
+        resumed = cfg.epoch_start != Some(trainer.step());
     }
     send(FromTrainer::Ready {
         step: trainer.step(),

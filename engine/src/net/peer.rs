@@ -130,6 +130,7 @@ fn parse(args: &[String]) -> Result<(NodeConfig, BackendChoice), String> {
             timing,
             mdns,
             min_peers,
+            epoch_start: None,
         },
         backend,
     ))

@@ -1,0 +1,589 @@
+//! `cohort node`: a node operator's life on one job, headless. Load the
+//! wallet → benchmark → register (once) → find a job it qualifies for →
+//! join → for each epoch: crank `start_epoch` when due, train through the
+//! P2P layer, and as a witness attest the epoch → claim → close.
+//!
+//! Everything is re-derived from the chain plus a small local state file
+//! (points credited per applied step, and the training checkpoint), so a
+//! restarted node picks up where it was; every transaction is either
+//! guarded by a chain read (registered? joined? voted?) or refused by the
+//! program when repeated, so nothing is submitted twice.
+
+use crate::chain::{Chain, sol};
+use crate::cli::{CHAIN_FLAGS, Flags, sol_to_lamports};
+use anyhow::{Context, Result, anyhow, bail};
+use cohort_engine::backend;
+use cohort_engine::data::Corpus;
+use cohort_engine::ledger::ContributionLedger;
+use cohort_engine::model::ModelConfig;
+use cohort_engine::net::node::{self as p2p, NodeConfig, NodeEvent};
+use cohort_engine::net::shaper::Link;
+use cohort_engine::net::step::Timing;
+use cohort_engine::net::swarm;
+use cohort_engine::trainer::TrainConfig;
+use cohort_program::client;
+use cohort_program::instruction::NodeTerms;
+use cohort_program::schedule::Committee;
+use cohort_program::state::{Backend, Benchmark, Epoch, Job, JobState, Member, MemberStatus, Node};
+use serde::{Deserialize, Serialize};
+use solana_sdk::pubkey::Pubkey;
+use solana_sdk::signature::{Keypair, Signer};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Duration;
+
+pub const USAGE: &str = "\
+Usage: cohort node [--job JOB] [--price SOL] [--stake SOL] [--data DIR]
+                   [--p2p-port PORT] [--p2p-host IP] [--url URL] [--keypair FILE]
+  --job JOB        the job to join (default: the first open job this node qualifies for)
+  --price SOL      asked per epoch                                   [0.001]
+  --stake SOL      posted when registering                           [0.01]
+  --data DIR       checkpoints and local state             [~/.cohort/node]
+  --p2p-port PORT  member i listens on PORT + i                      [47000]
+  --p2p-host IP    address members listen on and dial                [127.0.0.1]
+  --airdrop SOL    local chains: fund this node's wallet from the faucet first
+";
+
+const POLL: Duration = Duration::from_millis(400);
+
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub job: Option<Pubkey>,
+    pub price: u64,
+    pub stake: u64,
+    pub data: PathBuf,
+    pub p2p_port: u16,
+    pub p2p_host: String,
+    /// Local chains: ask the faucet for this much first.
+    pub airdrop: u64,
+}
+
+impl Options {
+    pub fn parse(f: &Flags) -> Result<Self> {
+        let job = f
+            .str("job")
+            .map(|j| Pubkey::from_str(j).map_err(|_| anyhow!("--job `{j}` is not a job address")))
+            .transpose()?;
+        let host = f.str("p2p-host").unwrap_or("127.0.0.1").to_string();
+        host.parse::<std::net::IpAddr>()
+            .map_err(|_| anyhow!("--p2p-host `{host}` is not an IP address"))?;
+        Ok(Self {
+            job,
+            price: sol_to_lamports(f.get("price")?.unwrap_or(0.001), "--price")?,
+            stake: sol_to_lamports(f.get("stake")?.unwrap_or(0.01), "--stake")?,
+            data: f
+                .str("data")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| crate::chain::keys::home().join("node")),
+            p2p_port: f.get("p2p-port")?.unwrap_or(47000),
+            p2p_host: host,
+            airdrop: match f.get::<f64>("airdrop")? {
+                Some(v) => sol_to_lamports(v, "--airdrop")?,
+                None => 0,
+            },
+        })
+    }
+}
+
+/// What a node ends a job with.
+#[derive(Debug, Clone, Default)]
+pub struct Outcome {
+    pub job: Pubkey,
+    pub epochs_trained: u32,
+    pub attested: Vec<u32>,
+    pub points: u64,
+    pub claimed: u64,
+    pub model_hashes: Vec<[u8; 32]>,
+}
+
+/// The node's own record for one job, saved after every applied step.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Local {
+    /// Next step whose contributors are not credited yet.
+    next_step: u32,
+    /// Epochs fully trained.
+    trained: u32,
+    points: BTreeMap<String, u64>,
+    model_hash: BTreeMap<u32, String>,
+}
+
+impl Local {
+    fn path(dir: &Path) -> PathBuf {
+        dir.join("state.json")
+    }
+    fn load(dir: &Path) -> Result<Self> {
+        let p = Self::path(dir);
+        if !p.exists() {
+            return Ok(Self::default());
+        }
+        let text =
+            std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
+        serde_json::from_str(&text).with_context(|| format!("{} is corrupt", p.display()))
+    }
+    fn save(&self, dir: &Path) -> Result<()> {
+        let p = Self::path(dir);
+        let tmp = p.with_extension("tmp");
+        std::fs::write(&tmp, serde_json::to_vec(self)?)?;
+        std::fs::rename(&tmp, &p).with_context(|| format!("writing {}", p.display()))
+    }
+    fn ledger(&self) -> Result<ContributionLedger> {
+        let mut l = ContributionLedger::default();
+        for (k, p) in &self.points {
+            l.credit(
+                Pubkey::from_str(k).map_err(|_| anyhow!("bad key in state"))?,
+                *p,
+            )?;
+        }
+        Ok(l)
+    }
+}
+
+pub async fn main(args: &[String]) -> Result<()> {
+    if args.iter().any(|a| a == "--help" || a == "-h") {
+        print!("{USAGE}");
+        return Ok(());
+    }
+    let mut allowed = CHAIN_FLAGS.to_vec();
+    allowed.extend([
+        "job", "price", "stake", "data", "p2p-port", "p2p-host", "airdrop",
+    ]);
+    let f = Flags::parse(args, "cohort node", &allowed)?;
+    if let Some(w) = f.words.first() {
+        bail!("unexpected argument `{w}` for `cohort node`");
+    }
+    let opts = Options::parse(&f)?;
+    let chain = f.chain().await?;
+    let me = f.keypair("node.json")?;
+    let o = run(&chain, &me, &opts).await?;
+    println!(
+        "done: job {} trained {} epochs, attested {:?}, {} contributions, claimed {} lamports ({}), models {}",
+        o.job,
+        o.epochs_trained,
+        o.attested,
+        o.points,
+        o.claimed,
+        sol(o.claimed),
+        o.model_hashes.iter().map(hex).collect::<Vec<_>>().join(",")
+    );
+    Ok(())
+}
+
+fn say(me: &Pubkey, line: impl AsRef<str>) {
+    println!("[node {}] {}", &me.to_string()[..6], line.as_ref());
+}
+
+/// A benchmark attestation: measured here, signed by the node's key over
+/// its exact bytes (the signature field zeroed), so anyone can check who
+/// claimed these figures.
+pub fn benchmark(me: &Keypair, gflops: f64) -> Benchmark {
+    let mut b = Benchmark {
+        backend: Backend::Cpu as u8,
+        fp32_gflops: gflops.round().max(1.0) as u32,
+        version: 1,
+        ..Default::default()
+    };
+    b.set_device_name(&format!(
+        "cpu ({} threads)",
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    ));
+    let mut msg = b"cohort-benchmark-v1".to_vec();
+    msg.extend_from_slice(&b.device);
+    msg.push(b.backend);
+    for v in [b.fp32_gflops, b.fp16_gflops, b.mem_bw_gbps, b.vram_mib] {
+        msg.extend_from_slice(&v.to_le_bytes());
+    }
+    b.signature = me.sign_message(&msg).into();
+    b
+}
+
+pub async fn run(chain: &Chain, me: &Keypair, o: &Options) -> Result<Outcome> {
+    let pk = me.pubkey();
+    if o.airdrop > 0 {
+        chain.airdrop(&pk, o.airdrop).await?;
+    }
+    // 1. Benchmark.
+    let gflops = tokio::task::spawn_blocking(|| {
+        cohort_engine::probe::cpu_fp32_gflops(Duration::from_millis(300))
+    })
+    .await?;
+    let bench = benchmark(me, gflops);
+    say(
+        &pk,
+        format!(
+            "benchmark: {} fp32 GFLOPS on {}",
+            bench.fp32_gflops,
+            bench.device_name()
+        ),
+    );
+    // 2. Register once.
+    let node_addr = client::node_address(&pk);
+    match chain.state::<Node>(&node_addr).await? {
+        Some(n) if n.status == cohort_program::state::NodeStatus::Active => {
+            say(&pk, format!("registered already, {} staked", sol(n.stake)));
+        }
+        Some(_) => bail!("node {pk} is deregistered; its stake is unlocking"),
+        None => {
+            let have = chain.balance(&pk).await?;
+            if have < o.stake + 5_000_000 {
+                bail!(
+                    "insufficient funds: registering stakes {} (plus rent and fees) but {pk} holds {}",
+                    sol(o.stake),
+                    sol(have)
+                );
+            }
+            let terms = NodeTerms {
+                price: o.price,
+                available_from: 0,
+                available_until: i64::MAX,
+                benchmark: bench,
+            };
+            chain
+                .send(
+                    "register_node",
+                    &[client::register_node(&pk, terms, o.stake)],
+                    me,
+                    &[],
+                )
+                .await?;
+            say(
+                &pk,
+                format!(
+                    "registered: {} staked, asking {} per epoch",
+                    sol(o.stake),
+                    sol(o.price)
+                ),
+            );
+        }
+    }
+    // 3. Find a job and join it.
+    let job = match o.job {
+        Some(j) => j,
+        None => find_job(chain, &pk, bench.fp32_gflops, o.price).await?,
+    };
+    let member_addr = client::member_address(&job, &pk);
+    if chain.state::<Member>(&member_addr).await?.is_none() {
+        chain
+            .send("join_job", &[client::join_job(&pk, &job)], me, &[])
+            .await?;
+        say(&pk, format!("joined job {job}"));
+    } else {
+        say(&pk, format!("member of job {job} already (resuming)"));
+    }
+    let dir = o.data.join(job.to_string());
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut local = Local::load(&dir)?;
+    let mut out = Outcome {
+        job,
+        ..Default::default()
+    };
+    let corpus = Corpus::bundled()?;
+    // 4. Epochs.
+    let mut cranked_at: Option<(u32, std::time::Instant)> = None;
+    loop {
+        let j: Job = chain.must(&job, "job").await?;
+        if j.state.is_terminal() {
+            if j.state != JobState::Completed {
+                say(&pk, format!("job ended: {:?}", j.state));
+            }
+            break;
+        }
+        let started = j.epochs_started;
+        let due =
+            j.state == JobState::Open || (j.epochs_finalized == started && started < j.spec.epochs);
+        if due {
+            if j.member_count >= j.spec.min_nodes as u32 {
+                // One member cranks; the others step in if it has not after a while.
+                let m: Member = chain.must(&member_addr, "membership").await?;
+                let mine = started % j.member_count == m.index;
+                let waited = cranked_at
+                    .is_some_and(|(e, t)| e == started && t.elapsed() > Duration::from_secs(8));
+                if mine || waited {
+                    match chain
+                        .send(
+                            "start_epoch",
+                            &[client::start_epoch(&pk, &job, started)],
+                            me,
+                            &[],
+                        )
+                        .await
+                    {
+                        Ok(_) => say(&pk, format!("started epoch {started}")),
+                        // Another member was first, or the chain is away:
+                        // the next read decides.
+                        Err(e) => say(&pk, format!("start_epoch {started}: {e}")),
+                    }
+                }
+                if cranked_at.is_none_or(|(e, _)| e != started) {
+                    cranked_at = Some((started, std::time::Instant::now()));
+                }
+            }
+            tokio::time::sleep(POLL).await;
+            continue;
+        }
+        let e = started - 1;
+        let epoch: Epoch = chain.must(&client::epoch_address(&job, e), "epoch").await?;
+        let members = members_at_start(chain, &job, epoch.members_at_start).await?;
+        let Some(index) = members.iter().position(|m| *m == pk) else {
+            // Joined after this epoch started: the next one includes us.
+            tokio::time::sleep(POLL).await;
+            continue;
+        };
+        if local.trained <= e {
+            let hash = train_epoch(
+                &j,
+                &job,
+                e,
+                &epoch,
+                &members,
+                index as u32,
+                me,
+                o,
+                &dir,
+                &mut local,
+                &corpus,
+            )
+            .await?;
+            local.trained = e + 1;
+            local.model_hash.insert(e, hex(&hash));
+            local.save(&dir)?;
+            out.epochs_trained += 1;
+        }
+        if !epoch.finalized {
+            let committee =
+                Committee::new(&epoch.seed, epoch.members_at_start, j.spec.witness_count);
+            if let Some(seat) = committee.seat_of(index as u32)
+                && epoch.voted_mask & (1 << seat) == 0
+            {
+                let model_hash = parse_hex(
+                    local
+                        .model_hash
+                        .get(&e)
+                        .context("no model hash for the epoch")?,
+                )?;
+                let att = local
+                    .ledger()?
+                    .attestation(&cohort_program::ID, &job, e, model_hash)?;
+                let ix = client::attest_epoch(
+                    &pk,
+                    &job,
+                    &j.requester,
+                    e,
+                    model_hash,
+                    att.root,
+                    att.total_points,
+                );
+                match chain.send("attest_epoch", &[ix], me, &[]).await {
+                    Ok(_) => {
+                        out.attested.push(e);
+                        say(
+                            &pk,
+                            format!(
+                                "attested epoch {e} as witness seat {seat}: model {}, {} points",
+                                &hex(&model_hash)[..16],
+                                att.total_points
+                            ),
+                        );
+                    }
+                    // A quorum may have finalized it meanwhile: the next
+                    // read of the epoch says so, and nothing is resent then.
+                    Err(err) => say(&pk, format!("attest_epoch {e}: {err}")),
+                }
+            }
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    // 5. Claim and close.
+    let ledger = local.ledger()?;
+    let (points, proof) = ledger.proof(&pk)?;
+    out.points = points;
+    out.model_hashes = local
+        .model_hash
+        .values()
+        .map(|h| parse_hex(h))
+        .collect::<Result<_>>()?;
+    if let Some(m) = chain.state::<Member>(&member_addr).await? {
+        let j: Job = chain.must(&job, "job").await?;
+        let owed = j.points_value(points).context("points overflow")?;
+        if m.claimed < owed {
+            chain
+                .send("claim", &[client::claim(&pk, &job, points, proof)], me, &[])
+                .await?;
+            let after: Member = chain.must(&member_addr, "membership").await?;
+            out.claimed = after.claimed - m.claimed;
+            say(
+                &pk,
+                format!("claimed {} for {points} contributions", sol(out.claimed)),
+            );
+        }
+        if m.status != MemberStatus::Active || j.state.is_terminal() {
+            chain
+                .send("close_member", &[client::close_member(&pk, &job)], me, &[])
+                .await?;
+        }
+    }
+    Ok(out)
+}
+
+async fn find_job(chain: &Chain, pk: &Pubkey, gflops: u32, price: u64) -> Result<Pubkey> {
+    let mut said = false;
+    loop {
+        let mut jobs = chain.all::<Job>().await?;
+        jobs.sort_by_key(|(_, j)| j.created_at);
+        for (k, j) in &jobs {
+            let open = j.state == JobState::Open && j.member_count < j.spec.max_nodes as u32;
+            if open && j.spec.min_fp32_gflops <= gflops && price <= j.spec.max_price {
+                return Ok(*k);
+            }
+        }
+        if !said {
+            say(pk, "waiting for an open job this node qualifies for");
+            said = true;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// The epoch's members by index (the P2P layer's member order).
+async fn members_at_start(chain: &Chain, job: &Pubkey, n: u32) -> Result<Vec<Pubkey>> {
+    let mut slots = vec![None; n as usize];
+    for (_, m) in chain.all::<Member>().await? {
+        if m.job == *job && m.status == MemberStatus::Active && m.index < n {
+            slots[m.index as usize] = Some(m.node);
+        }
+    }
+    slots
+        .into_iter()
+        .enumerate()
+        .map(|(i, s)| s.ok_or_else(|| anyhow!("member {i} of job {job} is missing")))
+        .collect()
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn train_epoch(
+    j: &Job,
+    job: &Pubkey,
+    e: u32,
+    epoch: &Epoch,
+    members: &[Pubkey],
+    index: u32,
+    me: &Keypair,
+    o: &Options,
+    dir: &Path,
+    local: &mut Local,
+    corpus: &Corpus,
+) -> Result<[u8; 32]> {
+    let pk = me.pubkey();
+    if corpus.id != j.spec.dataset_id {
+        bail!("job {job} trains on a dataset this node does not have");
+    }
+    let spe = j.spec.steps_per_epoch;
+    let mut train = TrainConfig::small(j.spec.epochs * spe);
+    train.model = ModelConfig::parse(&j.spec.arch_str()).map_err(|e| anyhow!("job model: {e}"))?;
+    if train.model.config_hash() != j.spec.model_hash {
+        bail!("job {job}: its model hash does not match its architecture");
+    }
+    train.batch = (j.spec.global_batch / j.spec.max_nodes.max(1) as u32).max(1) as usize;
+    train.micro_batch = train.batch;
+    let addr = |i: usize| format!("/ip4/{}/tcp/{}", o.p2p_host, o.p2p_port as usize + i);
+    let mut bootstrap = Vec::new();
+    for (i, m) in members.iter().enumerate() {
+        if i as u32 == index {
+            continue;
+        }
+        let id = swarm::peer_id(&m.to_bytes()).context("member key is not an ed25519 key")?;
+        bootstrap.push(format!("{}/p2p/{id}", addr(i)).parse()?);
+    }
+    let job_bytes = job.to_bytes();
+    let cfg = NodeConfig {
+        train,
+        job: job_bytes,
+        epoch: e,
+        seed: epoch.seed,
+        init_seed: cohort_engine::runner::epoch_seed(&job_bytes, u32::MAX),
+        members: members.iter().map(|m| m.to_bytes()).collect(),
+        me: index,
+        secret: *me.secret_bytes(),
+        listen: vec![addr(index as usize).parse()?],
+        bootstrap,
+        steps: (e + 1) * spe,
+        checkpoint: Some(dir.join("checkpoint.bin")),
+        join: false,
+        link: Link::new(0.0, Duration::ZERO),
+        timing: Timing::default(),
+        mdns: false,
+        min_peers: 0,
+        epoch_start: Some(e * spe),
+    };
+    say(
+        &pk,
+        format!(
+            "epoch {e}: training steps {}..{} as member {index} of {}",
+            e * spe,
+            (e + 1) * spe,
+            members.len()
+        ),
+    );
+    let mut last_hash = None;
+    let mut failure = None;
+    let corpus = corpus.clone();
+    p2p::run(cfg, corpus, backend::cpu(), |ev| match ev {
+        NodeEvent::Applied {
+            step,
+            model_hash,
+            contributors,
+            loss,
+            ..
+        } => {
+            last_hash = Some(*model_hash);
+            if *step >= local.next_step {
+                for c in contributors {
+                    if let Some(m) = members.get(*c as usize) {
+                        *local.points.entry(m.to_string()).or_insert(0) += 1;
+                    }
+                }
+                local.next_step = step + 1;
+                if let Err(err) = local.save(dir) {
+                    failure.get_or_insert(err);
+                }
+            }
+            if (step + 1) % spe.div_ceil(4).max(1) == 0 || step + 1 == (e + 1) * spe {
+                say(
+                    &pk,
+                    format!(
+                        "epoch {e} step {}/{}: loss {loss:.3}, {} contributors",
+                        step + 1 - e * spe,
+                        spe,
+                        contributors.len()
+                    ),
+                );
+            }
+        }
+        NodeEvent::Diverged { step } => {
+            failure.get_or_insert(anyhow!("model diverged from the job's at step {step}"));
+        }
+        _ => {}
+    })
+    .await
+    .map_err(|err| anyhow!("training epoch {e}: {err}"))?;
+    if let Some(err) = failure {
+        return Err(err);
+    }
+    last_hash.ok_or_else(|| anyhow!("epoch {e} applied no step"))
+}
+
+fn hex(h: &[u8; 32]) -> String {
+    h.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn parse_hex(s: &str) -> Result<[u8; 32]> {
+    let mut out = [0u8; 32];
+    if s.len() != 64 {
+        bail!("bad hash in local state");
+    }
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = u8::from_str_radix(&s[2 * i..2 * i + 2], 16)
+            .map_err(|_| anyhow!("bad hash in local state"))?;
+    }
+    Ok(out)
+}
