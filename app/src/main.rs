@@ -1,12 +1,7 @@
 //! `cohort`: the desktop app and headless node. For now a CLI whose `demo`
 //! runs the whole job-board lifecycle on an embedded chain.
 
-mod chain;
-mod cli;
-mod demo;
-mod job;
-mod localnet_cmd;
-mod node;
+use cohort_app::{demo, job, localnet_cmd, node};
 
 use anyhow::{Result, bail};
 

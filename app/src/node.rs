@@ -95,6 +95,10 @@ pub struct Outcome {
     pub points: u64,
     pub claimed: u64,
     pub model_hashes: Vec<[u8; 32]>,
+    /// Training loss of the last step of each epoch trained in this run.
+    pub losses: Vec<f32>,
+    /// Transactions this node sent.
+    pub transactions: u64,
 }
 
 /// The node's own record for one job, saved after every applied step.
@@ -330,7 +334,7 @@ pub async fn run(chain: &Chain, me: &Keypair, o: &Options) -> Result<Outcome> {
             continue;
         };
         if local.trained <= e {
-            let hash = train_epoch(
+            let (hash, loss) = train_epoch(
                 &j,
                 &job,
                 e,
@@ -344,6 +348,7 @@ pub async fn run(chain: &Chain, me: &Keypair, o: &Options) -> Result<Outcome> {
                 &corpus,
             )
             .await?;
+            out.losses.push(loss);
             local.trained = e + 1;
             local.model_hash.insert(e, hex(&hash));
             local.save(&dir)?;
@@ -422,7 +427,23 @@ pub async fn run(chain: &Chain, me: &Keypair, o: &Options) -> Result<Outcome> {
                 .await?;
         }
     }
+    out.transactions = chain.sent();
     Ok(out)
+}
+
+/// `n` consecutive free TCP ports on loopback (member i listens on base + i).
+pub fn free_port_base(n: u16) -> Result<u16> {
+    for _ in 0..50 {
+        let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let base = l.local_addr()?.port();
+        drop(l);
+        if base < 65535 - n
+            && (1..n).all(|i| std::net::TcpListener::bind(("127.0.0.1", base + i)).is_ok())
+        {
+            return Ok(base);
+        }
+    }
+    bail!("no {n} consecutive free ports on 127.0.0.1")
 }
 
 async fn find_job(chain: &Chain, pk: &Pubkey, gflops: u32, price: u64) -> Result<Pubkey> {
@@ -472,7 +493,7 @@ async fn train_epoch(
     dir: &Path,
     local: &mut Local,
     corpus: &Corpus,
-) -> Result<[u8; 32]> {
+) -> Result<([u8; 32], f32)> {
     let pk = me.pubkey();
     if corpus.id != j.spec.dataset_id {
         bail!("job {job} trains on a dataset this node does not have");
@@ -525,6 +546,7 @@ async fn train_epoch(
         ),
     );
     let mut last_hash = None;
+    let mut last_loss = f32::NAN;
     let mut failure = None;
     let corpus = corpus.clone();
     p2p::run(cfg, corpus, backend::cpu(), |ev| match ev {
@@ -536,6 +558,7 @@ async fn train_epoch(
             ..
         } => {
             last_hash = Some(*model_hash);
+            last_loss = *loss;
             if *step >= local.next_step {
                 for c in contributors {
                     if let Some(m) = members.get(*c as usize) {
@@ -569,7 +592,8 @@ async fn train_epoch(
     if let Some(err) = failure {
         return Err(err);
     }
-    last_hash.ok_or_else(|| anyhow!("epoch {e} applied no step"))
+    let hash = last_hash.ok_or_else(|| anyhow!("epoch {e} applied no step"))?;
+    Ok((hash, last_loss))
 }
 
 fn hex(h: &[u8; 32]) -> String {

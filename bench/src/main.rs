@@ -3,13 +3,14 @@
 //! `docs/bench/<name>.json` and `docs/benchmarks.md`.
 
 mod args;
+mod chain;
 mod convergence;
 mod efficiency;
 mod engine;
 mod report;
 mod simulate;
 
-const USAGE: &str = "usage: cohort-bench <convergence|engine|efficiency|simulate|peer> [--flag value ...]
+const USAGE: &str = "usage: cohort-bench <convergence|engine|efficiency|simulate|chain|peer> [--flag value ...]
 
   convergence  dense AdamW vs dense sign-SGD vs Cohort compressed, same tokens
                flags: --steps --members --arch --batch --topk --lr-adamw --lr-sign --lr-cohort --eval-windows
@@ -19,16 +20,24 @@ const USAGE: &str = "usage: cohort-bench <convergence|engine|efficiency|simulate
                flags: --members --steps --arch --batch --mbit --rtt-ms --warmup
   simulate     the step protocol in virtual time: 48 nodes and 1,000 nodes
                flags: --arch --gpus-per-node --gpu-tflops --mfu --tokens-per-gpu --steps ...
+  chain        transactions, fees and account bytes per node as jobs grow (3, 30, 300 members)
+               flags: --sizes 3,30,300 --epochs 3
   peer         one member process (what `efficiency` spawns); see --help
 ";
 
 fn main() {
+    // The embedded bank logs every instruction unless told otherwise.
+    if std::env::var_os("RUST_LOG").is_none() {
+        // SAFETY: no other thread exists yet.
+        unsafe { std::env::set_var("RUST_LOG", "error") };
+    }
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("convergence") => convergence::run(&args[1..]),
         Some("engine") => engine::run(&args[1..]),
         Some("efficiency") => efficiency::run(&args[1..]),
         Some("simulate") => simulate::run(&args[1..]),
+        Some("chain") => chain::run(&args[1..]),
         Some("peer") => std::process::exit(cohort_engine::net::peer::main(&args[1..])),
         Some("-h") | Some("--help") | None => {
             print!("{USAGE}");

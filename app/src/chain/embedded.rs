@@ -304,11 +304,11 @@ impl Embedded {
             .signatures
             .first()
             .ok_or_else(|| RpcFailure::invalid("transaction has no signature"))?;
-        if let Ok(s) = self.inner.statuses.lock() {
-            if s.contains_key(&sig) {
-                // The same signed transaction again: report it, never rerun it.
-                return Ok(sig);
-            }
+        if let Ok(s) = self.inner.statuses.lock()
+            && s.contains_key(&sig)
+        {
+            // The same signed transaction again: report it, never rerun it.
+            return Ok(sig);
         }
         let keys: Vec<Pubkey> = tx.message.static_account_keys().to_vec();
         let r = self

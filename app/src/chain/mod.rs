@@ -33,6 +33,7 @@ pub fn sol(lamports: u64) -> String {
 pub struct Chain {
     pub rpc: RpcClient,
     label: String,
+    sent: std::sync::atomic::AtomicU64,
 }
 
 impl Chain {
@@ -41,7 +42,13 @@ impl Chain {
         Self {
             rpc,
             label: label.into(),
+            sent: Default::default(),
         }
+    }
+
+    /// Transactions confirmed through this client.
+    pub fn sent(&self) -> u64 {
+        self.sent.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Connects to a cluster's JSON-RPC and checks the Cohort program is
@@ -128,13 +135,19 @@ impl Chain {
             };
             let sig = t.signatures[0];
             match self.rpc.send_and_confirm_transaction(&t).await {
-                Ok(s) => return Ok(s),
+                Ok(s) => {
+                    self.sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    return Ok(s);
+                }
                 Err(e) if transient(&e) && attempt < ATTEMPTS => {
                     tracing_retry(what, &self.fail(what, e), wait);
                     tokio::time::sleep(wait).await;
                     wait *= 2;
                     // Landed after all? Then it is done.
                     if let Ok(Some(r)) = self.rpc.get_signature_status(&sig).await {
+                        if r.is_ok() {
+                            self.sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
                         return r.map(|_| sig).map_err(|e| explain(what, &e));
                     }
                     let live = self

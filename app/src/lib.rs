@@ -1,0 +1,9 @@
+//! The `cohort` app's library: the chain layer and the headless commands,
+//! shared by the binary, the benches and the tests.
+
+pub mod chain;
+pub mod cli;
+pub mod demo;
+pub mod job;
+pub mod localnet_cmd;
+pub mod node;
