@@ -8,11 +8,14 @@
 use crate::chain::embedded::Embedded;
 use crate::chain::{Chain, LAMPORTS_PER_SOL, sol};
 use crate::job::{self, SpecFile};
-use crate::node;
+use crate::node::{self, Progress};
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use cohort_engine::data::Corpus;
 use cohort_program::state::{Job, JobState};
+use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+use solana_sdk::pubkey::Pubkey;
 use solana_sdk::signature::{Keypair, Signer};
+use std::io::IsTerminal;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Options {
@@ -111,7 +114,16 @@ pub async fn run(opts: Options) -> Result<Summary> {
     let base = node::free_port_base(opts.nodes)?;
     let data = std::env::temp_dir().join(format!("cohort-demo-{}", std::process::id()));
     let mut tasks = tokio::task::JoinSet::new();
+    // Bars on a terminal; plain lines otherwise (logs, CI), where bars hide.
+    let tty = std::io::stderr().is_terminal();
+    let bars = MultiProgress::new();
+    let style = ProgressStyle::with_template("node {prefix} {bar:32} {pos:>4}/{len} steps  {msg}")
+        .map_err(|e| anyhow!("progress style: {e}"))?;
     for i in 0..opts.nodes {
+        let bar = bars.add(ProgressBar::new((opts.epochs * opts.steps) as u64));
+        bar.set_style(style.clone());
+        bar.set_prefix(i.to_string());
+        let lines = bars.clone();
         let chain = Chain::new(embedded.client(), "embedded chain");
         let me = Keypair::new();
         let o = node::Options {
@@ -122,8 +134,34 @@ pub async fn run(opts: Options) -> Result<Summary> {
             p2p_port: base,
             p2p_host: "127.0.0.1".into(),
             airdrop: LAMPORTS_PER_SOL,
+            leave: false,
         };
-        tasks.spawn(async move { (i, node::run(&chain, &me, &o).await) });
+        tasks.spawn(async move {
+            let report = move |pk: &Pubkey, p: Progress| {
+                if !tty {
+                    return node::print_report(pk, p);
+                }
+                match p {
+                    Progress::Line(l) => {
+                        let _ = lines.println(format!("[node {i}] {l}"));
+                    }
+                    Progress::Step {
+                        epoch,
+                        done,
+                        of,
+                        loss,
+                        contributors,
+                    } => {
+                        bar.set_position((epoch * of + done) as u64);
+                        bar.set_message(format!(
+                            "epoch {epoch}, loss {loss:.3}, {contributors} contributors"
+                        ));
+                    }
+                }
+            };
+            let r = node::run_with(&chain, &me, &o, &report).await;
+            (i, r)
+        });
     }
     let mut outcomes = vec![None; opts.nodes as usize];
     while let Some(r) = tasks.join_next().await {
@@ -165,7 +203,7 @@ pub async fn run(opts: Options) -> Result<Summary> {
             .join(" -> ")
     );
     for (i, e) in summary.earned.iter().enumerate() {
-        println!("  node {i} earned           : {}", sol(*e));
+        println!("  {:<25}: {}", format!("node {i} earned"), sol(*e));
     }
     println!(
         "  refunded to requester    : {} of {} deposit",

@@ -7,3 +7,4 @@ pub mod demo;
 pub mod job;
 pub mod localnet_cmd;
 pub mod node;
+pub mod wallet;
