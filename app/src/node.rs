@@ -112,8 +112,8 @@ pub struct Outcome {
 /// The node's own record for one job, saved after every applied step.
 #[derive(Debug, Default, Serialize, Deserialize)]
 struct Local {
-    /// Next step whose contributors are not credited yet.
-    next_step: u32,
+    /// Steps whose contributors are credited (applied here or backfilled).
+    credited: std::collections::BTreeSet<u32>,
     /// Epochs fully trained.
     trained: u32,
     points: BTreeMap<String, u64>,
@@ -653,6 +653,7 @@ async fn train_epoch(
         mdns: false,
         min_peers: 0,
         epoch_start: Some(e * spe),
+        backfill_from: Some(e * spe),
     };
     say(
         report,
@@ -678,13 +679,8 @@ async fn train_epoch(
         } => {
             last_hash = Some(*model_hash);
             last_loss = *loss;
-            if *step >= local.next_step {
-                for c in contributors {
-                    if let Some(m) = members.get(*c as usize) {
-                        *local.points.entry(m.to_string()).or_insert(0) += 1;
-                    }
-                }
-                local.next_step = step + 1;
+            if local.credited.insert(*step) {
+                credit(local, members, contributors);
                 if let Err(err) = local.save(dir) {
                     failure.get_or_insert(err);
                 }
@@ -700,6 +696,20 @@ async fn train_epoch(
                 },
             );
         }
+        NodeEvent::Backfilled { step, contributors } if local.credited.insert(*step) => {
+            credit(local, members, contributors);
+            if let Err(err) = local.save(dir) {
+                failure.get_or_insert(err);
+            }
+            say(
+                report,
+                &pk,
+                format!(
+                    "step {step} happened while away: credited its {} contributors",
+                    contributors.len()
+                ),
+            );
+        }
         NodeEvent::Diverged { step } => {
             failure.get_or_insert(anyhow!("model diverged from the job's at step {step}"));
         }
@@ -712,6 +722,14 @@ async fn train_epoch(
     }
     let hash = last_hash.ok_or_else(|| anyhow!("epoch {e} applied no step"))?;
     Ok((hash, last_loss))
+}
+
+fn credit(local: &mut Local, members: &[Pubkey], contributors: &[u32]) {
+    for c in contributors {
+        if let Some(m) = members.get(*c as usize) {
+            *local.points.entry(m.to_string()).or_insert(0) += 1;
+        }
+    }
 }
 
 fn hex(h: &[u8; 32]) -> String {

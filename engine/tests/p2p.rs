@@ -205,8 +205,9 @@ fn processes_train_one_model_through_a_kill_a_restart_and_a_late_joiner() {
         .filter(|l| field(l, "step").unwrap().parse::<u32>().unwrap() > killed_at + 2)
         .all(|l| !l.contains("contributors\":[0, 1, 2") && !l.contains(", 2]"));
     assert!(dropped_by, "member 2 still listed after it died");
-    // Restarted, it resumes from its checkpoint and rejoins.
-    let p2b = start(2, &[]);
+    // Restarted, it resumes from its checkpoint, rejoins, and learns who
+    // contributed to the steps it missed.
+    let p2b = start(2, &["--backfill-from", "0"]);
     p2b.wait_for("member 2 to resync", long, |p| {
         p.lines()
             .iter()
@@ -248,6 +249,35 @@ fn processes_train_one_model_through_a_kill_a_restart_and_a_late_joiner() {
         "no step applied contributions from all four members"
     );
     assert!(done.iter().all(|d| d.contains(r#""bad_signature":0"#)));
+    // Member 2's two lives plus its backfill saw every step, with the
+    // contributors member 0 applied.
+    let contributors = |lines: Vec<String>, event: &str| -> BTreeMap<u32, String> {
+        lines
+            .iter()
+            .filter(|l| l.contains(&format!(r#""event":"{event}""#)))
+            .map(|l| {
+                let step = field(l, "step").unwrap().parse().unwrap();
+                let list = l.split("\"contributors\":").nth(1).unwrap();
+                (step, list[..=list.find(']').unwrap()].to_string())
+            })
+            .collect()
+    };
+    let truth = contributors(peers[0].lines(), "applied");
+    let mut seen = contributors(p2.lines(), "applied");
+    seen.extend(contributors(peers[2].lines(), "applied"));
+    let backfilled = contributors(peers[2].lines(), "backfilled");
+    assert!(!backfilled.is_empty(), "nothing backfilled");
+    for (s, c) in &backfilled {
+        assert_eq!(truth.get(s), Some(c), "backfilled step {s}");
+    }
+    seen.extend(backfilled);
+    for s in 0..steps {
+        assert_eq!(
+            seen.get(&s),
+            truth.get(&s),
+            "member 2 never saw step {s}'s contributors"
+        );
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 

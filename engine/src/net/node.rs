@@ -59,6 +59,12 @@ pub struct NodeConfig {
     /// own copies at once; syncing from peers would deadlock, since every
     /// one of them would be waiting for another.
     pub epoch_start: Option<u32>,
+    /// After syncing to a peer's state at step s, fetch the signed
+    /// manifests of steps `backfill_from..s` (kept by peers for the whole
+    /// epoch) and report their contributors as [`NodeEvent::Backfilled`]:
+    /// a restarted member learns who contributed while it was away, so its
+    /// points table still matches the one witnesses attest.
+    pub backfill_from: Option<u32>,
 }
 
 /// Where each step's time went on this node.
@@ -85,6 +91,11 @@ pub enum NodeEvent {
         contributors: Vec<u32>,
         times: StepTimes,
         loss: f32,
+    },
+    /// A step applied while this node was away: its manifest's contributors.
+    Backfilled {
+        step: u32,
+        contributors: Vec<u32>,
     },
     /// This node's state differed from the manifest's before applying.
     Diverged {
@@ -327,6 +338,7 @@ fn train_loop(
 enum Pending {
     Payload([u8; 32]),
     Manifest,
+    Backfill { step: u32, tries: u32 },
     Snapshot { step: u32, peer: PeerId },
 }
 
@@ -341,6 +353,8 @@ struct Net {
     started: Instant,
     payloads: HashMap<[u8; 32], Vec<u8>>,
     manifests_raw: BTreeMap<u32, Vec<u8>>,
+    /// Events raised by the network side (backfill), drained by `run`.
+    events: Vec<NodeEvent>,
     snapshots: BTreeMap<u32, Arc<Vec<u8>>>,
     pending: HashMap<OutboundRequestId, Pending>,
     heartbeat_seq: BTreeMap<[u8; 32], u64>,
@@ -482,6 +496,43 @@ impl Net {
         }
     }
 
+    /// A backfilled manifest must be for this job, epoch and step, signed by
+    /// the member who led it at its attempt. Our own manifests (from before
+    /// a restart) count too, which gossip admission would refuse.
+    fn check_backfill(&self, step: u32, raw: &[u8]) -> Option<Vec<u32>> {
+        let s = msg::open(raw).ok()?;
+        let Body::Manifest(m) = s.body else {
+            return None;
+        };
+        let ok = m.job == self.cfg.job
+            && m.epoch == self.cfg.epoch
+            && m.step == step
+            && (m.attempt as u32) < self.machine.members()
+            && self.machine.leader(step, m.attempt) == m.leader
+            && self.cfg.members.get(m.leader as usize) == Some(&s.signer);
+        ok.then(|| m.entries.iter().map(|e| e.0).collect())
+    }
+
+    /// Asks member `step + tries` (skipping ourselves) for a missed manifest.
+    fn ask_backfill(&mut self, step: u32, tries: u32) {
+        let n = self.cfg.members.len() as u32;
+        if tries >= n {
+            return;
+        }
+        let mut from = (step + tries) % n;
+        if from == self.cfg.me {
+            from = (from + 1) % n;
+        }
+        if let Some(Some(peer)) = self.peers.get(from as usize).copied() {
+            let id = self
+                .swarm
+                .behaviour_mut()
+                .blobs
+                .send_request(&peer, Request::Manifest { step });
+            self.pending.insert(id, Pending::Backfill { step, tries });
+        }
+    }
+
     fn request_snapshot(&mut self, step: u32, from: u32) {
         let fresh = self
             .sync_requested
@@ -560,6 +611,16 @@ impl Net {
                 }
             }
             (Pending::Manifest, _) => {}
+            (Pending::Backfill { step, .. }, Response::Manifest(raw)) => {
+                self.stats.bytes_in += raw.len() as u64;
+                match self.check_backfill(step, &raw) {
+                    Some(contributors) => self
+                        .events
+                        .push(NodeEvent::Backfilled { step, contributors }),
+                    None => self.stats.drop(Drop::BadBlob),
+                }
+            }
+            (Pending::Backfill { step, tries }, _) => self.ask_backfill(step, tries + 1),
             (
                 Pending::Snapshot { step, peer },
                 Response::Snapshot {
@@ -614,6 +675,7 @@ impl Net {
         match self.pending.remove(&id) {
             Some(Pending::Payload(h)) => self.machine.on_fetch_failed(h),
             Some(Pending::Snapshot { step, .. }) => self.retry_snapshot(step),
+            Some(Pending::Backfill { step, tries }) => self.ask_backfill(step, tries + 1),
             _ => {}
         }
     }
@@ -707,7 +769,10 @@ impl Net {
         // fetched while syncing carry no useful receipt step.
         let machine = &self.machine;
         self.payloads.retain(|h, _| machine.holds(h));
-        self.manifests_raw.retain(|s, _| *s >= floor);
+        // Manifests stay for the whole epoch: a restarted member asks for
+        // the ones it missed (see `backfill_from`); they are small.
+        let keep = self.cfg.epoch_start.map_or(floor, |e| e.min(floor));
+        self.manifests_raw.retain(|s, _| *s >= keep);
         while self.snapshots.len() > 4 {
             self.snapshots.pop_first();
         }
@@ -786,6 +851,7 @@ pub async fn run(
         started: Instant::now(),
         payloads: HashMap::new(),
         manifests_raw: BTreeMap::new(),
+        events: Vec::new(),
         snapshots: BTreeMap::new(),
         pending: HashMap::new(),
         heartbeat_seq: BTreeMap::new(),
@@ -817,6 +883,9 @@ pub async fn run(
     let start_deadline = Instant::now() + Duration::from_secs(30);
     let linger = Duration::from_secs(5);
     loop {
+        for e in std::mem::take(&mut net.events) {
+            on_event(&e);
+        }
         tokio::select! {
             ev = net.swarm.select_next_some() => match ev {
                 SwarmEvent::NewListenAddr { address, .. } => on_event(&NodeEvent::Listening(address)),
@@ -904,7 +973,14 @@ pub async fn run(
                         net.drive();
                     }
                     FromTrainer::Diverged { step } => on_event(&NodeEvent::Diverged { step }),
-                    FromTrainer::Synced { step, resumed } => on_event(&NodeEvent::Synced { step, resumed }),
+                    FromTrainer::Synced { step, resumed } => {
+                        on_event(&NodeEvent::Synced { step, resumed });
+                        if let Some(from) = net.cfg.backfill_from {
+                            for st in from..step {
+                                net.ask_backfill(st, 0);
+                            }
+                        }
+                    }
                     FromTrainer::Done { model_hash } => {
                         net.stats.model_hash = model_hash;
                         net.stats.applied = net.applied;

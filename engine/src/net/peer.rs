@@ -30,6 +30,7 @@ pub const USAGE: &str = "usage: cohort-peer --index I --members N [options]
   --collect-ms MS     leader's wait for contributions         [3000]
   --fallback-ms MS    extra wait per fall-back leader         [2000]
   --min-peers K       peers to wait for before starting        [all]
+  --backfill-from S   after a sync, report contributors of the steps missed since S
   --backend B         auto|cpu|wgpu|cuda                      [cpu]
   --mdns              discover peers on the LAN
   --peer-id-of I      print member I's peer id and exit
@@ -55,6 +56,7 @@ fn parse(args: &[String]) -> Result<(NodeConfig, BackendChoice), String> {
     let (mut mbit, mut rtt) = (0.0f64, 0u64);
     let mut timing = Timing::default();
     let mut min_peers = 0usize;
+    let mut backfill_from = None;
     let mut backend = BackendChoice::Cpu;
     let mut it = args.iter();
     while let Some(flag) = it.next() {
@@ -84,6 +86,7 @@ fn parse(args: &[String]) -> Result<(NodeConfig, BackendChoice), String> {
             "--collect-ms" => timing.collect = Duration::from_millis(num(flag, value()?)?),
             "--fallback-ms" => timing.fallback = Duration::from_millis(num(flag, value()?)?),
             "--min-peers" => min_peers = num(flag, value()?)?,
+            "--backfill-from" => backfill_from = Some(num(flag, value()?)?),
             "--backend" => backend = value()?.parse().map_err(|e| format!("--backend: {e}"))?,
             other => return Err(format!("unknown flag `{other}`\n{USAGE}")),
         }
@@ -130,7 +133,9 @@ fn parse(args: &[String]) -> Result<(NodeConfig, BackendChoice), String> {
             timing,
             mdns,
             min_peers,
-            epoch_start: None,
+            // One run is one epoch: peers keep its manifests for backfills.
+            epoch_start: Some(0),
+            backfill_from,
         },
         backend,
     ))
@@ -161,6 +166,9 @@ fn event_json(e: &NodeEvent) -> String {
             times.comm,
             times.wait
         ),
+        NodeEvent::Backfilled { step, contributors } => {
+            format!(r#"{{"event":"backfilled","step":{step},"contributors":{contributors:?}}}"#)
+        }
         NodeEvent::Diverged { step } => format!(r#"{{"event":"diverged","step":{step}}}"#),
     }
 }
