@@ -1,7 +1,7 @@
 //! `cohort`: the desktop app and headless node. For now a CLI whose `demo`
 //! runs the whole job-board lifecycle on an embedded chain.
 
-use cohort_app::{demo, job, localnet_cmd, node};
+use cohort_app::{demo, job, localnet_cmd, node, wallet};
 
 use anyhow::{Result, bail};
 
@@ -14,6 +14,7 @@ Usage:
   cohort localnet [--port 8899]          serve a local chain as Solana JSON-RPC on 127.0.0.1
   cohort airdrop SOL [--to ADDRESS]      fund a wallet on a local chain
   cohort job create|list|status|cancel   post and follow training jobs (`cohort job help`)
+  cohort wallet new|import|address|export-keypair   the encrypted wallet (`cohort wallet help`)
   cohort node [--job JOB] [...]          register, join, train, attest and claim (`cohort node --help`)
   cohort node --peer-only --index I --members N [...]   one P2P member, no chain
   cohort --version                       print the version
@@ -49,6 +50,7 @@ fn run(args: Vec<String>) -> Result<()> {
         Some("localnet") => runtime()?.block_on(localnet_cmd::main(&args[1..])),
         Some("airdrop") => runtime()?.block_on(localnet_cmd::airdrop(&args[1..])),
         Some("job") => runtime()?.block_on(job::main(&args[1..])),
+        Some("wallet") => wallet::cli::main(&args[1..]),
         // One member of a local job on libp2p, without chain or UI (the
         // node lifecycle builds on it). Exits with the peer's own code.
         Some("node") if args.get(1).map(String::as_str) == Some("--peer-only") => {

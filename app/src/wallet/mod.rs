@@ -2,5 +2,6 @@
 //! (`m/44'/501'/0'/0'`, SLIP-0010 ed25519), Solana CLI keypair imports, and
 //! an encrypted keystore on disk.
 
+pub mod cli;
 pub mod derive;
 pub mod keystore;
