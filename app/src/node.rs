@@ -63,6 +63,16 @@ pub struct Options {
 }
 
 impl Options {
+    /// What this node offers: its price, always available, and `bench`.
+    fn terms(&self, bench: Benchmark) -> NodeTerms {
+        NodeTerms {
+            price: self.price,
+            available_from: 0,
+            available_until: i64::MAX,
+            benchmark: bench,
+        }
+    }
+
     pub fn parse(f: &Flags) -> Result<Self> {
         let job = f
             .str("job")
@@ -135,8 +145,7 @@ impl Local {
     }
     fn save(&self, dir: &Path) -> Result<()> {
         let p = Self::path(dir);
-        let tmp = p.with_extension("tmp");
-        std::fs::write(&tmp, serde_json::to_vec(self)?)?;
+        let tmp = crate::chain::keys::stage(&p, &serde_json::to_vec(self)?)?;
         std::fs::rename(&tmp, &p).with_context(|| format!("writing {}", p.display()))
     }
     fn ledger(&self) -> Result<ContributionLedger> {
@@ -284,16 +293,10 @@ pub async fn run_with(
             let drift = (n.benchmark.fp32_gflops as f64 - bench.fp32_gflops as f64).abs()
                 > 0.1 * n.benchmark.fp32_gflops as f64;
             if n.price != o.price || drift {
-                let terms = NodeTerms {
-                    price: o.price,
-                    available_from: 0,
-                    available_until: i64::MAX,
-                    benchmark: bench,
-                };
                 chain
                     .send(
                         "update_node",
-                        &[client::update_node(&pk, terms, 0)],
+                        &[client::update_node(&pk, o.terms(bench), 0)],
                         me,
                         &[],
                     )
@@ -325,16 +328,10 @@ pub async fn run_with(
                     sol(have)
                 );
             }
-            let terms = NodeTerms {
-                price: o.price,
-                available_from: 0,
-                available_until: i64::MAX,
-                benchmark: bench,
-            };
             chain
                 .send(
                     "register_node",
-                    &[client::register_node(&pk, terms, o.stake)],
+                    &[client::register_node(&pk, o.terms(bench), o.stake)],
                     me,
                     &[],
                 )

@@ -135,50 +135,95 @@ fn p2p_base() -> u16 {
     }
 }
 
-#[test]
-fn three_nodes_train_attest_and_get_paid_through_an_rpc_outage() {
-    let h = home("e2e");
-    let (mut chain, url) = localnet(&h);
-    ok(&cohort(&h, &["airdrop", "2", "--url", &url]));
+/// Funds the requester and posts a two-epoch job; returns its address.
+fn post_job(h: &Path, url: &str, steps_per_epoch: &str, max_nodes: &str) -> String {
+    ok(&cohort(h, &["airdrop", "2", "--url", url]));
     let created = ok(&cohort(
-        &h,
+        h,
         &[
             "job",
             "create",
             "--url",
-            &url,
+            url,
             "--epochs",
             "2",
             "--steps-per-epoch",
-            "12",
+            steps_per_epoch,
             "--min-nodes",
             "3",
             "--max-nodes",
-            "4",
+            max_nodes,
             "--id",
             "1",
         ],
     ));
-    let job = created.split_whitespace().nth(1).unwrap().to_string();
+    created.split_whitespace().nth(1).unwrap().to_string()
+}
+
+/// `cohort node` number `i`, with its own wallet and data folder.
+fn spawn_node(h: &Path, i: usize, url: &str, job: &str, base: &str) -> Proc {
+    Proc::spawn(
+        &h.join(format!("node{i}")),
+        &[
+            "node",
+            "--url",
+            url,
+            "--job",
+            job,
+            "--p2p-port",
+            base,
+            "--airdrop",
+            "1",
+        ],
+    )
+}
+
+/// Every node's `done:` line shows the same models and a claim above
+/// zero; returns the models and the total claimed, in lamports.
+fn same_models_all_paid(done: &[String]) -> (String, u64) {
+    let models: Vec<&str> = done
+        .iter()
+        .map(|d| d.rsplit("models ").next().unwrap())
+        .collect();
+    assert!(models.iter().all(|m| *m == models[0]), "{done:?}");
+    let mut claimed = 0u64;
+    for d in done {
+        let c: u64 = d
+            .split("claimed ")
+            .nth(1)
+            .unwrap()
+            .split(' ')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(c > 0, "{d}");
+        claimed += c;
+    }
+    (models[0].to_string(), claimed)
+}
+
+/// (owed, paid, refunded) in lamports, from `cohort job status`.
+fn spend(status: &str) -> (u64, u64, u64) {
+    let nums: Vec<u64> = field(status, "spend")
+        .split("lamports: ")
+        .nth(1)
+        .unwrap()
+        .trim_end_matches(')')
+        .split(' ')
+        .map(|v| v.parse().unwrap())
+        .collect();
+    (nums[0], nums[1], nums[2])
+}
+
+#[test]
+fn three_nodes_train_attest_and_get_paid_through_an_rpc_outage() {
+    let h = home("e2e");
+    let (mut chain, url) = localnet(&h);
+    let job = post_job(&h, &url, "12", "4");
     let base = p2p_base().to_string();
     let nodes: Vec<Proc> = (0..3)
-        .map(|i| {
-            let nh = h.join(format!("node{i}"));
-            Proc::spawn(
-                &nh,
-                &[
-                    "node",
-                    "--url",
-                    &url,
-                    "--job",
-                    &job,
-                    "--p2p-port",
-                    &base,
-                    "--airdrop",
-                    "1",
-                ],
-            )
-        })
+        .map(|i| spawn_node(&h, i, &url, &job, &base))
         .collect();
     // Mid-epoch, the RPC server goes away for a while, then comes back.
     nodes[0].wait_for("epoch 0 step", Duration::from_secs(180));
@@ -224,26 +269,10 @@ fn three_nodes_train_attest_and_get_paid_through_an_rpc_outage() {
     }
     // Every node trained both epochs, holds the same model after each, and
     // was paid for its contributions.
-    let models: Vec<&str> = done
-        .iter()
-        .map(|d| d.rsplit("models ").next().unwrap())
-        .collect();
-    assert!(models.iter().all(|m| *m == models[0]), "{done:?}");
-    assert_eq!(models[0].split(',').count(), 2, "{done:?}");
-    let mut claimed = 0u64;
+    let (models, claimed) = same_models_all_paid(&done);
+    assert_eq!(models.split(',').count(), 2, "{done:?}");
     for d in &done {
         assert!(d.contains("trained 2 epochs"), "{d}");
-        let c: u64 = d
-            .split("claimed ")
-            .nth(1)
-            .unwrap()
-            .split(' ')
-            .next()
-            .unwrap()
-            .parse()
-            .unwrap();
-        assert!(c > 0, "{d}");
-        claimed += c;
     }
     let status = ok(&cohort(&h, &["job", "status", &job, "--url", &url]));
     assert!(field(&status, "state").contains("Completed"), "{status}");
@@ -259,16 +288,7 @@ fn three_nodes_train_attest_and_get_paid_through_an_rpc_outage() {
         .unwrap()
         .parse()
         .unwrap();
-    let spend = field(&status, "spend");
-    let nums: Vec<u64> = spend
-        .split("lamports: ")
-        .nth(1)
-        .unwrap()
-        .trim_end_matches(')')
-        .split(' ')
-        .map(|v| v.parse().unwrap())
-        .collect();
-    let (owed, paid, refunded) = (nums[0], nums[1], nums[2]);
+    let (owed, paid, refunded) = spend(&status);
     assert_eq!(paid, claimed, "{status}");
     assert_eq!(owed, paid, "{status}");
     assert_eq!(deposit, paid + refunded, "{status}");
@@ -354,47 +374,9 @@ fn bad_requests_are_one_line_errors_and_leave_nothing_on_chain() {
 fn a_node_killed_mid_epoch_restarts_catches_up_and_is_paid_in_full() {
     let h = home("restart");
     let (_chain, url) = localnet(&h);
-    ok(&cohort(&h, &["airdrop", "2", "--url", &url]));
-    let created = ok(&cohort(
-        &h,
-        &[
-            "job",
-            "create",
-            "--url",
-            &url,
-            "--epochs",
-            "2",
-            "--steps-per-epoch",
-            "60",
-            "--min-nodes",
-            "3",
-            "--max-nodes",
-            "3",
-            "--id",
-            "1",
-        ],
-    ));
-    let job = created.split_whitespace().nth(1).unwrap().to_string();
+    let job = post_job(&h, &url, "60", "3");
     let base = p2p_base().to_string();
-    let args = |i: usize| -> (PathBuf, Vec<String>) {
-        let nh = h.join(format!("node{i}"));
-        let a = [
-            "node",
-            "--url",
-            &url,
-            "--job",
-            &job,
-            "--p2p-port",
-            &base,
-            "--airdrop",
-            "1",
-        ];
-        (nh, a.iter().map(|s| s.to_string()).collect())
-    };
-    let spawn = |i: usize| {
-        let (nh, a) = args(i);
-        Proc::spawn(&nh, &a.iter().map(String::as_str).collect::<Vec<_>>())
-    };
+    let spawn = |i: usize| spawn_node(&h, i, &url, &job, &base);
     let n0 = spawn(0);
     let n1 = spawn(1);
     let mut n2 = spawn(2);
@@ -409,37 +391,11 @@ fn a_node_killed_mid_epoch_restarts_catches_up_and_is_paid_in_full() {
     // However long it was away, its points table matched the attested one
     // (steps it missed are backfilled from peers' manifests), so its claim
     // went through with everyone else's.
-    let models: Vec<&str> = done
-        .iter()
-        .map(|d| d.rsplit("models ").next().unwrap())
-        .collect();
-    assert!(models.iter().all(|m| *m == models[0]), "{done:?}");
-    let mut claimed = 0u64;
-    for d in &done {
-        let c: u64 = d
-            .split("claimed ")
-            .nth(1)
-            .unwrap()
-            .split(' ')
-            .next()
-            .unwrap()
-            .parse()
-            .unwrap();
-        assert!(c > 0, "{d}");
-        claimed += c;
-    }
+    let (_, claimed) = same_models_all_paid(&done);
     let status = ok(&cohort(&h, &["job", "status", &job, "--url", &url]));
     assert!(field(&status, "state").contains("Completed"), "{status}");
-    let spend = field(&status, "spend");
-    let nums: Vec<u64> = spend
-        .split("lamports: ")
-        .nth(1)
-        .unwrap()
-        .trim_end_matches(')')
-        .split(' ')
-        .map(|v| v.parse().unwrap())
-        .collect();
+    let (owed, paid, _) = spend(&status);
     // Everything owed was claimed: no node's claim was refused.
-    assert_eq!(nums[0], nums[1], "{status}");
-    assert_eq!(nums[1], claimed, "{status}");
+    assert_eq!(owed, paid, "{status}");
+    assert_eq!(paid, claimed, "{status}");
 }

@@ -35,6 +35,10 @@ use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+/// The slot every answer reports: the bank stays in one slot (it is never
+/// warped; see `start`), and clients only need it to be consistent.
+const SLOT: u64 = 5;
+
 /// A JSON-RPC error as the Solana RPC server reports it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RpcFailure {
@@ -126,7 +130,7 @@ impl Embedded {
 
     fn tick_clock(&self) {
         self.inner.ctx.set_sysvar(&Clock {
-            slot: 5,
+            slot: SLOT,
             unix_timestamp: self.now(),
             ..Default::default()
         });
@@ -155,12 +159,12 @@ impl Embedded {
     pub async fn dispatch(&self, method: &str, params: Value) -> Result<Value, RpcFailure> {
         let p = |i: usize| params.get(i).cloned().unwrap_or(Value::Null);
         let banks = &self.inner.banks;
-        let ctx = json!({ "slot": 5 });
+        let ctx = json!({ "slot": SLOT });
         let wrap = |v: Value| json!({ "context": ctx, "value": v });
         match method {
             "getHealth" => Ok(json!("ok")),
             "getVersion" => Ok(json!({ "solana-core": "4.2.2", "feature-set": null })),
-            "getSlot" | "getBlockHeight" => Ok(json!(5)),
+            "getSlot" | "getBlockHeight" => Ok(json!(SLOT)),
             "getGenesisHash" => Ok(json!(
                 banks
                     .get_latest_blockhash()
@@ -169,8 +173,8 @@ impl Embedded {
                     .to_string()
             )),
             "getEpochInfo" => Ok(json!({
-                "epoch": 0, "slotIndex": 5, "slotsInEpoch": 432000,
-                "absoluteSlot": 5, "blockHeight": 5, "transactionCount": null
+                "epoch": 0, "slotIndex": SLOT, "slotsInEpoch": 432000,
+                "absoluteSlot": SLOT, "blockHeight": SLOT, "transactionCount": null
             })),
             "getLatestBlockhash" => {
                 let (hash, last) = banks
@@ -322,7 +326,7 @@ impl Embedded {
                     k.extend(keys);
                 }
                 if let Ok(mut s) = self.inner.statuses.lock() {
-                    s.insert(sig, (5, None));
+                    s.insert(sig, (SLOT, None));
                 }
                 Ok(sig)
             }
@@ -375,7 +379,7 @@ impl Embedded {
             }
         }
         if config.with_context == Some(true) {
-            Ok(json!({ "context": { "slot": 5 }, "value": out }))
+            Ok(json!({ "context": { "slot": SLOT }, "value": out }))
         } else {
             Ok(Value::Array(out))
         }

@@ -48,25 +48,30 @@ pub fn load_or_create(path: &Path) -> Result<Keypair> {
 
 /// Atomic (write, fsync, rename) and readable by the owner only.
 pub fn save(path: &Path, k: &Keypair) -> Result<()> {
+    let text = serde_json::to_string(&k.to_bytes().to_vec())?;
+    let tmp = stage(path, text.as_bytes())?;
+    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
+}
+
+/// Writes `bytes` next to `path` in a file only its owner can read, synced
+/// to disk, and returns that file's path: renaming it over `path` is the
+/// atomic commit (callers may first keep the old file, as the keystore does).
+pub fn stage(path: &Path, bytes: &[u8]) -> Result<PathBuf> {
+    use std::io::Write;
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
     let tmp = path.with_extension("tmp");
-    let text = serde_json::to_string(&k.to_bytes().to_vec())?;
-    {
-        use std::io::Write;
-        let mut opts = std::fs::OpenOptions::new();
-        opts.write(true).create(true).truncate(true);
-        #[cfg(unix)]
-        std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
-        let mut f = opts
-            .open(&tmp)
-            .with_context(|| format!("writing {}", tmp.display()))?;
-        f.write_all(text.as_bytes())?;
-        f.sync_all()?;
-    }
-    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
-    Ok(())
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
+    let mut f = opts
+        .open(&tmp)
+        .with_context(|| format!("writing {}", tmp.display()))?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    Ok(tmp)
 }
 
 #[cfg(test)]

@@ -124,7 +124,7 @@ impl Chain {
                             Transaction::new_signed_with_payer(ixs, Some(&payer.pubkey()), &all, h)
                         }
                         Err(e) if attempt < ATTEMPTS => {
-                            tracing_retry(what, &e, wait);
+                            log_retry(what, &e, wait);
                             tokio::time::sleep(wait).await;
                             wait *= 2;
                             continue;
@@ -140,7 +140,7 @@ impl Chain {
                     return Ok(s);
                 }
                 Err(e) if transient(&e) && attempt < ATTEMPTS => {
-                    tracing_retry(what, &self.fail(what, e), wait);
+                    log_retry(what, &self.fail(what, e), wait);
                     tokio::time::sleep(wait).await;
                     wait *= 2;
                     // Landed after all? Then it is done.
@@ -266,7 +266,7 @@ fn transient(e: &ClientError) -> bool {
     }
 }
 
-fn tracing_retry(what: &str, e: &anyhow::Error, wait: Duration) {
+fn log_retry(what: &str, e: &anyhow::Error, wait: Duration) {
     eprintln!("{what}: {e}; retrying in {wait:?}");
 }
 

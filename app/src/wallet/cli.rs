@@ -34,37 +34,33 @@ fn file(f: &Flags) -> PathBuf {
         .unwrap_or_else(|| keys::home().join("wallet.json"))
 }
 
-/// Creates a wallet; returns (address, phrase).
-pub fn create(path: &Path, words: usize, pass: &str) -> Result<(String, Zeroizing<String>)> {
+/// Never overwrites a wallet: its phrase may exist nowhere else.
+fn must_be_new(path: &Path) -> Result<()> {
     if keystore::exists(path) {
         bail!(
             "{} already holds a wallet; pass another --file",
             path.display()
         );
     }
+    Ok(())
+}
+
+/// Creates a wallet; returns (address, phrase).
+pub fn create(path: &Path, words: usize, pass: &str) -> Result<(String, Zeroizing<String>)> {
+    must_be_new(path)?;
     let phrase = derive::new_phrase(words)?;
     let addr = keystore::save(path, &Secret::Phrase(phrase.clone()), pass, Kdf::default())?;
     Ok((addr, phrase))
 }
 
 pub fn import_phrase(path: &Path, phrase: &str, pass: &str) -> Result<String> {
-    if keystore::exists(path) {
-        bail!(
-            "{} already holds a wallet; pass another --file",
-            path.display()
-        );
-    }
+    must_be_new(path)?;
     let phrase = derive::parse_phrase(phrase)?;
     keystore::save(path, &Secret::Phrase(phrase), pass, Kdf::default())
 }
 
 pub fn import_keypair(path: &Path, keypair: &Path, pass: &str) -> Result<String> {
-    if keystore::exists(path) {
-        bail!(
-            "{} already holds a wallet; pass another --file",
-            path.display()
-        );
-    }
+    must_be_new(path)?;
     let k = keys::load(keypair)?;
     keystore::save(
         path,

@@ -11,6 +11,7 @@
 //! - Secrets live in `Zeroizing` buffers and are wiped when dropped.
 
 use super::derive;
+use crate::chain::keys;
 use anyhow::{Context, Result, anyhow, bail};
 use argon2::{Algorithm, Argon2, Params, Version};
 use base64::Engine as _;
@@ -180,22 +181,7 @@ pub fn save(path: &Path, secret: &Secret, pass: &str, kdf: Kdf) -> Result<String
     file.ciphertext = B64.encode(ct);
     file.check = file.digest();
     let text = serde_json::to_vec_pretty(&file)?;
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
-    let tmp = path.with_extension("tmp");
-    {
-        use std::io::Write;
-        let mut opts = std::fs::OpenOptions::new();
-        opts.write(true).create(true).truncate(true);
-        #[cfg(unix)]
-        std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
-        let mut f = opts
-            .open(&tmp)
-            .with_context(|| format!("writing {}", tmp.display()))?;
-        f.write_all(&text)?;
-        f.sync_all()?;
-    }
+    let tmp = keys::stage(path, &text)?;
     // Keep the current file as the backup only if it is intact.
     if read(path).is_ok() {
         std::fs::rename(path, backup_path(path))

@@ -523,14 +523,22 @@ impl Net {
         if from == self.cfg.me {
             from = (from + 1) % n;
         }
-        if let Some(Some(peer)) = self.peers.get(from as usize).copied() {
-            let id = self
-                .swarm
-                .behaviour_mut()
-                .blobs
-                .send_request(&peer, Request::Manifest { step });
-            self.pending.insert(id, Pending::Backfill { step, tries });
-        }
+        self.ask(
+            from,
+            Request::Manifest { step },
+            Pending::Backfill { step, tries },
+        );
+    }
+
+    /// Sends `req` to member `member` and remembers what it was for; false
+    /// when that member's peer id is unknown.
+    fn ask(&mut self, member: u32, req: Request, what: Pending) -> bool {
+        let Some(Some(peer)) = self.peers.get(member as usize).copied() else {
+            return false;
+        };
+        let id = self.swarm.behaviour_mut().blobs.send_request(&peer, req);
+        self.pending.insert(id, what);
+        true
     }
 
     fn request_snapshot(&mut self, step: u32, from: u32) {
@@ -688,26 +696,12 @@ impl Net {
             }
             match a {
                 Action::Fetch { hash, from } => {
-                    if let Some(Some(peer)) = self.peers.get(from as usize).copied() {
-                        let id = self
-                            .swarm
-                            .behaviour_mut()
-                            .blobs
-                            .send_request(&peer, Request::Payload(hash));
-                        self.pending.insert(id, Pending::Payload(hash));
-                    } else {
+                    if !self.ask(from, Request::Payload(hash), Pending::Payload(hash)) {
                         self.machine.on_fetch_failed(hash);
                     }
                 }
                 Action::RequestManifest { step, from } => {
-                    if let Some(Some(peer)) = self.peers.get(from as usize).copied() {
-                        let id = self
-                            .swarm
-                            .behaviour_mut()
-                            .blobs
-                            .send_request(&peer, Request::Manifest { step });
-                        self.pending.insert(id, Pending::Manifest);
-                    }
+                    self.ask(from, Request::Manifest { step }, Pending::Manifest);
                 }
                 Action::Publish(m) => {
                     let raw = msg::sign(&Body::Manifest(m.clone()), &self.key);
