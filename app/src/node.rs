@@ -122,8 +122,9 @@ pub struct Outcome {
 /// The node's own record for one job, saved after every applied step.
 #[derive(Debug, Default, Serialize, Deserialize)]
 struct Local {
-    /// Steps whose contributors are credited (applied here or backfilled).
-    credited: std::collections::BTreeSet<u32>,
+    /// Each credited step's contributors (member indices), applied here or
+    /// backfilled. A step applied again after a rewind replaces its entry.
+    contributors: BTreeMap<u32, Vec<u32>>,
     /// Epochs fully trained.
     trained: u32,
     points: BTreeMap<String, u64>,
@@ -676,11 +677,10 @@ async fn train_epoch(
         } => {
             last_hash = Some(*model_hash);
             last_loss = *loss;
-            if local.credited.insert(*step) {
-                credit(local, members, contributors);
-                if let Err(err) = local.save(dir) {
-                    failure.get_or_insert(err);
-                }
+            if credit(local, members, *step, contributors)
+                && let Err(err) = local.save(dir)
+            {
+                failure.get_or_insert(err);
             }
             report(
                 &pk,
@@ -693,8 +693,10 @@ async fn train_epoch(
                 },
             );
         }
-        NodeEvent::Backfilled { step, contributors } if local.credited.insert(*step) => {
-            credit(local, members, contributors);
+        NodeEvent::Backfilled { step, contributors }
+            if !local.contributors.contains_key(step)
+                && credit(local, members, *step, contributors) =>
+        {
             if let Err(err) = local.save(dir) {
                 failure.get_or_insert(err);
             }
@@ -707,6 +709,11 @@ async fn train_epoch(
                 ),
             );
         }
+        NodeEvent::Rewound { step } => say(
+            report,
+            &pk,
+            format!("a better manifest for step {step} turned up: applying again from there"),
+        ),
         NodeEvent::Diverged { step } => {
             failure.get_or_insert(anyhow!("model diverged from the job's at step {step}"));
         }
@@ -721,12 +728,26 @@ async fn train_epoch(
     Ok((hash, last_loss))
 }
 
-fn credit(local: &mut Local, members: &[Pubkey], contributors: &[u32]) {
-    for c in contributors {
-        if let Some(m) = members.get(*c as usize) {
-            *local.points.entry(m.to_string()).or_insert(0) += 1;
-        }
+/// Records `step`'s contributors and moves points to match; whether
+/// anything changed.
+fn credit(local: &mut Local, members: &[Pubkey], step: u32, contributors: &[u32]) -> bool {
+    if local.contributors.get(&step).map(Vec::as_slice) == Some(contributors) {
+        return false;
     }
+    let old = local.contributors.insert(step, contributors.to_vec());
+    let mut tally = |c: &u32, up: bool| {
+        if let Some(m) = members.get(*c as usize) {
+            let p = local.points.entry(m.to_string()).or_insert(0);
+            *p = if up { *p + 1 } else { p.saturating_sub(1) };
+        }
+    };
+    for c in old.iter().flatten() {
+        tally(c, false);
+    }
+    for c in contributors {
+        tally(c, true);
+    }
+    true
 }
 
 fn hex(h: &[u8; 32]) -> String {

@@ -2,6 +2,7 @@
 //! baseline it is measured against, in the same run, and writes them to
 //! `docs/bench/<name>.json` and `docs/benchmarks.md`.
 
+mod adversary;
 mod args;
 mod chain;
 mod convergence;
@@ -10,7 +11,7 @@ mod engine;
 mod report;
 mod simulate;
 
-const USAGE: &str = "usage: cohort-bench <convergence|engine|efficiency|simulate|chain|peer> [--flag value ...]
+const USAGE: &str = "usage: cohort-bench <convergence|engine|efficiency|simulate|chain|adversary|peer> [--flag value ...]
 
   convergence  dense AdamW vs dense sign-SGD vs Cohort compressed, same tokens
                flags: --steps --members --arch --batch --topk --lr-adamw --lr-sign --lr-cohort --eval-windows
@@ -22,6 +23,8 @@ const USAGE: &str = "usage: cohort-bench <convergence|engine|efficiency|simulate
                flags: --arch --gpus-per-node --gpu-tflops --mfu --tokens-per-gpu --steps ...
   chain        transactions, fees and account bytes per node as jobs grow (3, 30, 300 members)
                flags: --sizes 3,30,300 --epochs 3
+  adversary    honest run vs 20/33/45% attackers of every mode, defences on and off
+               flags: --members 9 --steps 40 --epoch 10 --fractions 0.2,0.33,0.45 --modes all --undefended yes
   peer         one member process (what `efficiency` spawns); see --help
 ";
 
@@ -38,6 +41,7 @@ fn main() {
         Some("efficiency") => efficiency::run(&args[1..]),
         Some("simulate") => simulate::run(&args[1..]),
         Some("chain") => chain::run(&args[1..]),
+        Some("adversary") => adversary::run(&args[1..]),
         Some("peer") => std::process::exit(cohort_engine::net::peer::main(&args[1..])),
         Some("-h") | Some("--help") | None => {
             print!("{USAGE}");

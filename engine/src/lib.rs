@@ -9,6 +9,9 @@
 //! members in one process; [`ledger`] turns contributions into the Merkle
 //! roots witnesses attest on chain.
 
+pub mod adversary;
+pub mod arena;
+pub mod audit;
 pub mod backend;
 pub mod compress;
 pub mod data;

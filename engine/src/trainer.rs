@@ -133,15 +133,39 @@ impl Trainer {
         &self.corpus
     }
 
-    fn momentum_hash(&self) -> [u8; 32] {
-        let mut h = blake3::Hasher::new();
-        h.update(b"cohort-momentum-v1");
-        for m in &self.compressor.momentum {
-            for v in m {
-                h.update(&v.to_le_bytes());
-            }
-        }
-        *h.finalize().as_bytes()
+    /// This member's momentum now: what it reveals when audited on the
+    /// contribution it computes next (whose `momentum_hash` commits to it).
+    pub fn momentum(&self) -> &[Vec<f32>] {
+        &self.compressor.momentum
+    }
+
+    /// What member `index` should have sent for `step`, recomputed by a
+    /// witness on this trainer's weights from the member's revealed
+    /// momentum and its assigned batch (see [`crate::audit`]).
+    pub fn recompute(
+        &mut self,
+        seed: &[u8; 32],
+        epoch: u32,
+        step: u32,
+        index: u32,
+        momentum: &[Vec<f32>],
+    ) -> Result<crate::compress::Payload, EngineError> {
+        let (_, grads) = self.member_gradients(seed, epoch, step, index)?;
+        self.compress_as(momentum, &grads)
+    }
+
+    /// Compresses `grads` from `momentum` as a member with that momentum
+    /// would (the witness side of an audit).
+    pub fn compress_as(
+        &self,
+        momentum: &[Vec<f32>],
+        grads: &[Vec<f32>],
+    ) -> Result<crate::compress::Payload, EngineError> {
+        let mut c = Compressor {
+            cfg: self.cfg.compress,
+            momentum: momentum.to_vec(),
+        };
+        c.compress(&self.layout, grads)
     }
 
     /// Loss and gradients on this member's batch for `(epoch, step)` at the
@@ -160,9 +184,21 @@ impl Trainer {
         epoch: u32,
         step: u32,
     ) -> Result<(f32, Vec<Vec<f32>>), EngineError> {
+        self.member_gradients(seed, epoch, step, self.id.index)
+    }
+
+    /// Loss and gradients on member `index`'s batch for `(epoch, step)` at
+    /// this trainer's weights.
+    pub fn member_gradients(
+        &mut self,
+        seed: &[u8; 32],
+        epoch: u32,
+        step: u32,
+        index: u32,
+    ) -> Result<(f32, Vec<Vec<f32>>), EngineError> {
         let (b, mb, t) = (self.cfg.batch, self.cfg.micro_batch, self.cfg.model.seq_len);
         let train = self.corpus.train();
-        let offsets = data::batch_offsets(seed, epoch, step, self.id.index, b, t, train.len());
+        let offsets = data::batch_offsets(seed, epoch, step, index, b, t, train.len());
         let mut total: Option<(f32, Vec<Vec<f32>>)> = None;
         for part in offsets.chunks(mb) {
             let (x, y) = data::windows(train, part, t);
@@ -208,6 +244,18 @@ impl Trainer {
         epoch: u32,
         step: u32,
     ) -> Result<(Contribution, StepStats), EngineError> {
+        self.compute_scaled(seed, epoch, step, 1.0)
+    }
+
+    /// [`Self::compute_step`] with the gradient multiplied by `scale` before
+    /// it enters the momentum: only the `scale` adversary uses another value.
+    pub fn compute_scaled(
+        &mut self,
+        seed: &[u8; 32],
+        epoch: u32,
+        step: u32,
+        scale: f32,
+    ) -> Result<(Contribution, StepStats), EngineError> {
         if step != self.step && step != self.step + 1 {
             return Err(EngineError::Config(format!(
                 "cannot compute step {step} at step {}: at most one step ahead",
@@ -215,11 +263,14 @@ impl Trainer {
             )));
         }
         let started = std::time::Instant::now();
-        let (loss, grads) = self.gradients_for(seed, epoch, step)?;
+        let (loss, mut grads) = self.gradients_for(seed, epoch, step)?;
         if !loss.is_finite() {
             return Err(EngineError::NonFinite("training loss".into()));
         }
-        let momentum_hash = self.momentum_hash();
+        if scale != 1.0 {
+            grads.iter_mut().flatten().for_each(|g| *g *= scale);
+        }
+        let momentum_hash = crate::audit::momentum_hash(&self.compressor.momentum);
         let payload = self.compressor.compress(&self.layout, &grads)?;
         let c = Contribution {
             job: self.id.job,

@@ -10,14 +10,15 @@
 //! announce  := job [32] | epoch u32 | step u32 | member u32 | payload_hash [32]
 //!              | momentum_hash [32] | len u32 | produced_us u64
 //! manifest  := job [32] | epoch u32 | step u32 | attempt u8 | leader u32
-//!              | state_hash [32] | count u16 | count × (member u32 | hash [32])
+//!              | state_hash [32] | parent [32] | count u16
+//!              | count × (member u32 | hash [32])
 //! heartbeat := job [32] | member u32 | seq u64 | ready_from u32 | applied u32
 //! ```
 
 use cohort_program::codec::Reader;
 use libp2p::identity::ed25519;
 
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 const MAGIC: &[u8; 3] = b"CHN";
 const DOMAIN: &[u8] = b"cohort-net-v1";
 /// Largest gossip message a node accepts: a manifest lists 36 bytes per
@@ -55,8 +56,38 @@ pub struct Manifest {
     /// Hash of the shared state before this step's update (a joiner checks
     /// the checkpoint it downloads against it).
     pub state_hash: [u8; 32],
+    /// The leader's history id before this step: a hash chain over the ids
+    /// of every manifest it applied this epoch (zeros if it does not know
+    /// it). Equal parents mean equal histories, so a state-hash mismatch
+    /// under an equal parent is a real divergence, and a different parent
+    /// tells the receiver one of them applied a manifest the other did not.
+    pub parent: [u8; 32],
     /// (member, contribution hash), sorted by member, at most one each.
     pub entries: Vec<(u32, [u8; 32])>,
+}
+
+impl Manifest {
+    /// The manifest's identity: a hash of its signed body.
+    pub fn id(&self) -> [u8; 32] {
+        let mut out = Vec::with_capacity(128 + 36 * self.entries.len());
+        manifest_bytes(self, &mut out);
+        *blake3::hash(&out).as_bytes()
+    }
+
+    /// Which of two valid manifests for one step every node keeps: the
+    /// lower attempt, then (two from one equivocating leader) the lower id.
+    pub fn rank(&self) -> (u8, [u8; 32]) {
+        (self.attempt, self.id())
+    }
+}
+
+/// The history id after applying `manifest` on top of `parent`.
+pub fn chain(parent: &[u8; 32], manifest: &[u8; 32]) -> [u8; 32] {
+    let mut h = blake3::Hasher::new();
+    h.update(b"cohort-chain-v1");
+    h.update(parent);
+    h.update(manifest);
+    *h.finalize().as_bytes()
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -166,19 +197,7 @@ fn body_bytes(body: &Body, out: &mut Vec<u8>) {
             out.extend_from_slice(&a.len.to_le_bytes());
             out.extend_from_slice(&a.produced_us.to_le_bytes());
         }
-        Body::Manifest(m) => {
-            out.extend_from_slice(&m.job);
-            out.extend_from_slice(&m.epoch.to_le_bytes());
-            out.extend_from_slice(&m.step.to_le_bytes());
-            out.push(m.attempt);
-            out.extend_from_slice(&m.leader.to_le_bytes());
-            out.extend_from_slice(&m.state_hash);
-            out.extend_from_slice(&(m.entries.len() as u16).to_le_bytes());
-            for (member, hash) in &m.entries {
-                out.extend_from_slice(&member.to_le_bytes());
-                out.extend_from_slice(hash);
-            }
-        }
+        Body::Manifest(m) => manifest_bytes(m, out),
         Body::Heartbeat(h) => {
             out.extend_from_slice(&h.job);
             out.extend_from_slice(&h.member.to_le_bytes());
@@ -186,6 +205,21 @@ fn body_bytes(body: &Body, out: &mut Vec<u8>) {
             out.extend_from_slice(&h.ready_from.to_le_bytes());
             out.extend_from_slice(&h.applied.to_le_bytes());
         }
+    }
+}
+
+fn manifest_bytes(m: &Manifest, out: &mut Vec<u8>) {
+    out.extend_from_slice(&m.job);
+    out.extend_from_slice(&m.epoch.to_le_bytes());
+    out.extend_from_slice(&m.step.to_le_bytes());
+    out.push(m.attempt);
+    out.extend_from_slice(&m.leader.to_le_bytes());
+    out.extend_from_slice(&m.state_hash);
+    out.extend_from_slice(&m.parent);
+    out.extend_from_slice(&(m.entries.len() as u16).to_le_bytes());
+    for (member, hash) in &m.entries {
+        out.extend_from_slice(&member.to_le_bytes());
+        out.extend_from_slice(hash);
     }
 }
 
@@ -227,6 +261,7 @@ fn parse_body(r: &mut Reader) -> Result<Body, cohort_program::codec::CodecError>
             let attempt = r.u8()?;
             let leader = r.u32()?;
             let state_hash = r.array()?;
+            let parent = r.array()?;
             let n = r.u16()? as usize;
             if n > MAX_MANIFEST_ENTRIES {
                 return Err(cohort_program::codec::CodecError);
@@ -242,6 +277,7 @@ fn parse_body(r: &mut Reader) -> Result<Body, cohort_program::codec::CodecError>
                 attempt,
                 leader,
                 state_hash,
+                parent,
                 entries,
             })
         }
@@ -419,6 +455,7 @@ mod tests {
             attempt: 0,
             leader: 2,
             state_hash: [3; 32],
+            parent: [4; 32],
             entries: vec![(0, [1; 32]), (2, [2; 32])],
         })
     }

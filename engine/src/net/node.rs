@@ -97,8 +97,15 @@ pub enum NodeEvent {
         step: u32,
         contributors: Vec<u32>,
     },
-    /// This node's state differed from the manifest's before applying.
+    /// This node's state differed from that of a leader with the same
+    /// history: the same manifests gave different weights.
     Diverged {
+        step: u32,
+    },
+    /// A better manifest for `step` turned up after this node applied
+    /// another one: it went back to its state before `step` and applies
+    /// again from there.
+    Rewound {
         step: u32,
     },
 }
@@ -111,6 +118,7 @@ pub struct NodeStats {
     pub equivocations: u64,
     pub late: u64,
     pub superseded: u64,
+    pub rewinds: u64,
     pub bytes_in: u64,
     pub bytes_out: u64,
     pub applied: u32,
@@ -140,13 +148,18 @@ pub enum NodeError {
 
 enum ToTrainer {
     Start,
+    /// Load this shared state: a verified download, or this node's own
+    /// earlier state when it rewinds. `generation` counts rewinds, so the
+    /// network side can drop what the trainer sent before this one.
     Snapshot {
         bytes: Vec<u8>,
+        generation: u64,
     },
     Apply {
         manifest: Manifest,
         payloads: Vec<Vec<u8>>,
         last_produced_us: u64,
+        same_history: bool,
     },
 }
 
@@ -165,6 +178,7 @@ enum FromTrainer {
         state_hash: [u8; 32],
         snapshot: Arc<Vec<u8>>,
         event: NodeEvent,
+        generation: u64,
     },
     Diverged {
         step: u32,
@@ -175,6 +189,7 @@ enum FromTrainer {
     },
     Done {
         model_hash: [u8; 32],
+        generation: u64,
     },
     Failed(String),
 }
@@ -206,11 +221,16 @@ fn train_loop(
         resumed,
     })?;
     let syncing = cfg.join || resumed;
+    let mut generation = 0;
     loop {
         match rx.recv().map_err(|_| "network task gone".to_string())? {
             ToTrainer::Start => break,
-            ToTrainer::Snapshot { bytes } if syncing => {
+            ToTrainer::Snapshot {
+                bytes,
+                generation: g,
+            } if syncing => {
                 trainer.load_snapshot(&bytes).map_err(|e| e.to_string())?;
+                generation = g;
                 send(FromTrainer::Synced {
                     step: trainer.step(),
                     resumed,
@@ -236,6 +256,7 @@ fn train_loop(
             step: trainer.step(),
             resumed,
         },
+        generation,
     })?;
     // A fresh start computes steps 0 and 1 before applying 0; a node that
     // synced at step s computes s+1 (its step-s contribution would be late).
@@ -246,93 +267,151 @@ fn train_loop(
     };
     let mut compute_secs = 0.0;
     let mut loss = 0.0;
-    while trainer.step() < cfg.steps {
-        if next_compute < cfg.steps && next_compute <= trainer.step() + 1 {
-            let (c, stats) = trainer
-                .compute_step(&cfg.seed, cfg.epoch, next_compute)
-                .map_err(|e| e.to_string())?;
-            compute_secs = stats.compute_secs;
-            loss = stats.loss;
-            let bytes = c.encode(&layout);
-            let announce = Announce {
-                job: cfg.job,
-                epoch: cfg.epoch,
-                step: next_compute,
-                member: cfg.me,
-                payload_hash: *blake3::hash(&bytes).as_bytes(),
-                momentum_hash: c.momentum_hash,
-                len: bytes.len() as u32,
-                produced_us: now_us(),
-            };
-            send(FromTrainer::Contribution { announce, bytes })?;
-            next_compute += 1;
-            if next_compute <= trainer.step() + 1 && next_compute < cfg.steps {
-                continue;
-            }
-        }
-        let blocked_from = now_us();
-        let (manifest, payloads, last_produced_us) = loop {
-            match rx.recv().map_err(|_| "network task gone".to_string())? {
-                ToTrainer::Apply {
-                    manifest,
-                    payloads,
-                    last_produced_us,
-                } if manifest.step == trainer.step() => {
-                    break (manifest, payloads, last_produced_us);
-                }
-                _ => {}
-            }
-        };
-        let unblocked = now_us();
-        if manifest.state_hash != current_hash {
-            send(FromTrainer::Diverged {
-                step: manifest.step,
-            })?;
-        }
-        // Invalid payloads are skipped identically on every honest node.
-        let mut contributions = Vec::with_capacity(payloads.len());
-        let mut contributors = Vec::with_capacity(payloads.len());
-        for ((member, _), bytes) in manifest.entries.iter().zip(&payloads) {
-            let Some(key) = cfg.members.get(*member as usize) else {
-                continue;
-            };
-            match Contribution::decode(bytes, &layout) {
-                Ok(c) if c.member == *key && c.step == manifest.step && c.job == cfg.job => {
-                    contributions.push(c);
-                    contributors.push(*member);
-                }
-                _ => {}
-            }
-        }
-        trainer.apply(&contributions).map_err(|e| e.to_string())?;
-        if let Some(path) = &cfg.checkpoint {
-            trainer.save(path).map_err(|e| e.to_string())?;
-        }
-        let blocked = (unblocked.saturating_sub(blocked_from)) as f64 / 1e6;
-        let wait = (last_produced_us.saturating_sub(blocked_from) as f64 / 1e6).min(blocked);
-        let (state_hash, snapshot) = publish_state(&trainer);
-        current_hash = state_hash;
+    // Loads a state sent by the network side (a rewind, or a download after
+    // a rewind too deep for this node's kept states). Contributions already
+    // announced are never computed again: a second, different one for the
+    // same step would be equivocation.
+    let load = |trainer: &mut Trainer,
+                bytes: &[u8],
+                generation: u64,
+                next_compute: &mut u32|
+     -> Result<[u8; 32], String> {
+        trainer.load_snapshot(bytes).map_err(|e| e.to_string())?;
+        *next_compute = (*next_compute).max(trainer.step() + 1);
+        let (hash, snapshot) = publish_state(trainer);
         send(FromTrainer::Applied {
             step: trainer.step(),
-            state_hash,
+            state_hash: hash,
             snapshot,
-            event: NodeEvent::Applied {
-                step: manifest.step,
-                model_hash: trainer.model_hash(),
-                contributors,
-                times: StepTimes {
-                    compute: compute_secs,
-                    comm: blocked - wait,
-                    wait,
-                },
-                loss,
+            event: NodeEvent::Rewound {
+                step: trainer.step(),
             },
+            generation,
         })?;
+        Ok(hash)
+    };
+    loop {
+        while trainer.step() < cfg.steps {
+            if next_compute < cfg.steps && next_compute <= trainer.step() + 1 {
+                let (c, stats) = trainer
+                    .compute_step(&cfg.seed, cfg.epoch, next_compute)
+                    .map_err(|e| e.to_string())?;
+                compute_secs = stats.compute_secs;
+                loss = stats.loss;
+                let bytes = c.encode(&layout);
+                let announce = Announce {
+                    job: cfg.job,
+                    epoch: cfg.epoch,
+                    step: next_compute,
+                    member: cfg.me,
+                    payload_hash: *blake3::hash(&bytes).as_bytes(),
+                    momentum_hash: c.momentum_hash,
+                    len: bytes.len() as u32,
+                    produced_us: now_us(),
+                };
+                send(FromTrainer::Contribution { announce, bytes })?;
+                next_compute += 1;
+                if next_compute <= trainer.step() + 1 && next_compute < cfg.steps {
+                    continue;
+                }
+            }
+            let blocked_from = now_us();
+            let next = loop {
+                match rx.recv().map_err(|_| "network task gone".to_string())? {
+                    ToTrainer::Apply {
+                        manifest,
+                        payloads,
+                        last_produced_us,
+                        same_history,
+                    } if manifest.step == trainer.step() => {
+                        break Some((manifest, payloads, last_produced_us, same_history));
+                    }
+                    ToTrainer::Snapshot {
+                        bytes,
+                        generation: g,
+                    } => {
+                        current_hash = load(&mut trainer, &bytes, g, &mut next_compute)?;
+                        generation = g;
+                        break None;
+                    }
+                    _ => {}
+                }
+            };
+            let Some((manifest, payloads, last_produced_us, same_history)) = next else {
+                continue;
+            };
+            let unblocked = now_us();
+            // A leader with another history legitimately has other weights
+            // (one of us rewinds once the better manifest is known).
+            if same_history && manifest.state_hash != current_hash {
+                send(FromTrainer::Diverged {
+                    step: manifest.step,
+                })?;
+            }
+            // Payloads that do not decode (or are not the member's for this
+            // step) are skipped; every node holds the same bytes for a
+            // manifest, so every node skips the same ones.
+            let mut contributions = Vec::with_capacity(payloads.len());
+            let mut contributors = Vec::with_capacity(payloads.len());
+            for ((member, _), bytes) in manifest.entries.iter().zip(&payloads) {
+                let Some(key) = cfg.members.get(*member as usize) else {
+                    continue;
+                };
+                match Contribution::decode(bytes, &layout) {
+                    Ok(c) if c.member == *key && c.step == manifest.step && c.job == cfg.job => {
+                        contributions.push(c);
+                        contributors.push(*member);
+                    }
+                    _ => {}
+                }
+            }
+            trainer.apply(&contributions).map_err(|e| e.to_string())?;
+            if let Some(path) = &cfg.checkpoint {
+                trainer.save(path).map_err(|e| e.to_string())?;
+            }
+            let blocked = (unblocked.saturating_sub(blocked_from)) as f64 / 1e6;
+            let wait = (last_produced_us.saturating_sub(blocked_from) as f64 / 1e6).min(blocked);
+            let (state_hash, snapshot) = publish_state(&trainer);
+            current_hash = state_hash;
+            send(FromTrainer::Applied {
+                step: trainer.step(),
+                state_hash,
+                snapshot,
+                event: NodeEvent::Applied {
+                    step: manifest.step,
+                    model_hash: trainer.model_hash(),
+                    contributors,
+                    times: StepTimes {
+                        compute: compute_secs,
+                        comm: blocked - wait,
+                        wait,
+                    },
+                    loss,
+                },
+                generation,
+            })?;
+        }
+        send(FromTrainer::Done {
+            model_hash: trainer.model_hash(),
+            generation,
+        })?;
+        // The node lingers for its peers; a better manifest for one of the
+        // last steps can still rewind it until the network side hangs up.
+        loop {
+            match rx.recv() {
+                Err(_) => return Ok(()),
+                Ok(ToTrainer::Snapshot {
+                    bytes,
+                    generation: g,
+                }) => {
+                    current_hash = load(&mut trainer, &bytes, g, &mut next_compute)?;
+                    generation = g;
+                    break;
+                }
+                Ok(_) => {}
+            }
+        }
     }
-    send(FromTrainer::Done {
-        model_hash: trainer.model_hash(),
-    })?;
-    Ok(())
 }
 
 enum Pending {
@@ -340,6 +419,17 @@ enum Pending {
     Manifest,
     Backfill { step: u32, tries: u32 },
     Snapshot { step: u32, peer: PeerId },
+}
+
+/// A shared-state download in progress.
+struct Download {
+    step: u32,
+    /// What the step's manifest says the state hashes to.
+    state_hash: [u8; 32],
+    buf: Vec<u8>,
+    from: u32,
+    /// The manifest's history id: this node's history base once loaded.
+    parent: [u8; 32],
 }
 
 /// The network side: owns the swarm and the step machine.
@@ -362,7 +452,9 @@ struct Net {
     applied: u32,
     next_contribution: u32,
     syncing: bool,
-    sync_buf: Option<(u32, [u8; 32], Vec<u8>, u32)>,
+    sync_buf: Option<Download>,
+    /// Rewinds so far; trainer messages from before the latest are stale.
+    generation: u64,
     sync_requested: Option<Instant>,
     subscribed: std::collections::BTreeSet<PeerId>,
     to_trainer: std_mpsc::Sender<ToTrainer>,
@@ -489,9 +581,39 @@ impl Net {
                 self.stats.superseded += 1;
                 MessageAcceptance::Accept
             }
+            Verdict::Rewind => {
+                self.manifests_raw.insert(step, raw);
+                self.rewind(step);
+                MessageAcceptance::Accept
+            }
             Verdict::Stale => {
                 self.stats.late += 1;
                 MessageAcceptance::Ignore
+            }
+        }
+    }
+
+    /// Goes back to the state before `step`: this node's own, if still
+    /// kept, else a fresh download of the latest state from a peer.
+    fn rewind(&mut self, step: u32) {
+        self.stats.rewinds += 1;
+        self.generation += 1;
+        // States after `step` are from the abandoned history.
+        self.snapshots.retain(|&s, _| s <= step);
+        self.done = None;
+        match self.snapshots.get(&step) {
+            Some(snap) => {
+                self.applied = step;
+                let _ = self.to_trainer.send(ToTrainer::Snapshot {
+                    bytes: snap.to_vec(),
+                    generation: self.generation,
+                });
+            }
+            None => {
+                self.machine.unsync();
+                self.syncing = true;
+                self.sync_buf = None;
+                self.sync_requested = None;
             }
         }
     }
@@ -554,7 +676,13 @@ impl Net {
         let Some(m) = self.machine.manifest(step) else {
             return;
         };
-        self.sync_buf = Some((step, m.state_hash, Vec::new(), from));
+        self.sync_buf = Some(Download {
+            step,
+            state_hash: m.state_hash,
+            buf: Vec::new(),
+            from,
+            parent: m.parent,
+        });
         self.sync_requested = Some(Instant::now());
         let id = self
             .swarm
@@ -638,7 +766,14 @@ impl Net {
                 },
             ) => {
                 self.stats.bytes_in += chunk.len() as u64;
-                let Some((want_step, hash, buf, _)) = self.sync_buf.as_mut() else {
+                let Some(Download {
+                    step: want_step,
+                    state_hash: hash,
+                    buf,
+                    parent,
+                    ..
+                }) = self.sync_buf.as_mut()
+                else {
                     return;
                 };
                 if *want_step != step || offset as usize != buf.len() || total as usize > 1 << 30 {
@@ -663,10 +798,14 @@ impl Net {
                     return;
                 }
                 let bytes = std::mem::take(buf);
+                let parent = *parent;
                 self.sync_buf = None;
                 self.syncing = false;
-                self.machine.resync(step);
-                let _ = self.to_trainer.send(ToTrainer::Snapshot { bytes });
+                self.machine.resync(step, parent);
+                let _ = self.to_trainer.send(ToTrainer::Snapshot {
+                    bytes,
+                    generation: self.generation,
+                });
             }
             (Pending::Snapshot { step, .. }, _) => self.retry_snapshot(step),
         }
@@ -674,7 +813,7 @@ impl Net {
 
     /// The snapshot download failed or did not match: ask the next member.
     fn retry_snapshot(&mut self, step: u32) {
-        let from = self.sync_buf.take().map_or(0, |b| b.3);
+        let from = self.sync_buf.take().map_or(0, |b| b.from);
         self.sync_requested = None;
         self.request_snapshot(step, (from + 1) % self.cfg.members.len() as u32);
     }
@@ -708,17 +847,25 @@ impl Net {
                     self.manifests_raw.insert(m.step, raw.clone());
                     self.publish(raw);
                 }
-                Action::Apply(m) => {
-                    let payloads = m
+                Action::Apply {
+                    manifest,
+                    same_history,
+                } => {
+                    // The machine holds a hash only once its bytes are here.
+                    let payloads = manifest
                         .entries
                         .iter()
-                        .map(|(_, h)| self.payloads.get(h).cloned().unwrap_or_default())
+                        .map(|(_, h)| {
+                            debug_assert!(self.payloads.contains_key(h), "applying without bytes");
+                            self.payloads.get(h).cloned().unwrap_or_default()
+                        })
                         .collect();
-                    let last_produced_us = self.machine.last_produced_us(m.step);
+                    let last_produced_us = self.machine.last_produced_us(manifest.step);
                     let _ = self.to_trainer.send(ToTrainer::Apply {
-                        manifest: m,
+                        manifest,
                         payloads,
                         last_produced_us,
+                        same_history,
                     });
                 }
             }
@@ -854,6 +1001,7 @@ pub async fn run(
         next_contribution: 0,
         syncing: false,
         sync_buf: None,
+        generation: 0,
         sync_requested: None,
         subscribed: Default::default(),
         to_trainer,
@@ -951,12 +1099,17 @@ pub async fn run(
                         net.publish(msg::sign(&Body::Announce(announce), &net.key));
                         net.drive();
                     }
-                    FromTrainer::Applied { step, state_hash, snapshot, event } => {
+                    // Sent before the trainer saw the latest rewind: its
+                    // state is being replaced.
+                    FromTrainer::Applied { generation, .. } | FromTrainer::Done { generation, .. }
+                        if generation < net.generation => {}
+                    FromTrainer::Applied { step, state_hash, snapshot, event, .. } => {
                         net.applied = step;
                         if matches!(event, NodeEvent::Synced { .. }) {
                             net.next_contribution = step + 1;
                             if net.machine.next_apply().is_none() {
-                                net.machine.resync(step);
+                                let parent = net.machine.manifest(step).map_or([0; 32], |m| m.parent);
+                                net.machine.resync(step, parent);
                             }
                         } else {
                             on_event(&event);
@@ -975,7 +1128,7 @@ pub async fn run(
                             }
                         }
                     }
-                    FromTrainer::Done { model_hash } => {
+                    FromTrainer::Done { model_hash, .. } => {
                         net.stats.model_hash = model_hash;
                         net.stats.applied = net.applied;
                         net.done = Some(Instant::now());
@@ -992,7 +1145,8 @@ pub async fn run(
                     let members: usize = net.peers.iter().flatten().filter(|p| net.subscribed.contains(p)).count();
                     if !net.syncing && (members >= min_peers || Instant::now() > start_deadline) {
                         waiting_start = false;
-                        net.machine.resync(net.applied);
+                        // The epoch's first step: nothing applied before it.
+                        net.machine.resync(net.applied, [0; 32]);
                         let _ = net.to_trainer.send(ToTrainer::Start);
                     } else if net.syncing {
                         waiting_start = false;
@@ -1019,8 +1173,13 @@ pub async fn run(
             _ = beat.tick() => net.heartbeat(),
         }
     }
+    // The trainer waits for rewinds until the network side hangs up.
+    let Net {
+        to_trainer, stats, ..
+    } = net;
+    drop(to_trainer);
     let _ = worker.join();
-    Ok(net.stats)
+    Ok(stats)
 }
 
 pub fn hex(b: &[u8]) -> String {

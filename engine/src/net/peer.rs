@@ -170,6 +170,7 @@ fn event_json(e: &NodeEvent) -> String {
             format!(r#"{{"event":"backfilled","step":{step},"contributors":{contributors:?}}}"#)
         }
         NodeEvent::Diverged { step } => format!(r#"{{"event":"diverged","step":{step}}}"#),
+        NodeEvent::Rewound { step } => format!(r#"{{"event":"rewound","step":{step}}}"#),
     }
 }
 
@@ -221,12 +222,13 @@ pub fn main(args: &[String]) -> i32 {
                 .map(|d| format!(r#""{}":{}"#, d.name(), stats.dropped(*d)))
                 .collect();
             line(format!(
-                r#"{{"event":"done","applied":{},"hash":"{}","accepted":{},"equivocations":{},"late":{},"bytes_in":{},"bytes_out":{},"dropped":{{{}}}}}"#,
+                r#"{{"event":"done","applied":{},"hash":"{}","accepted":{},"equivocations":{},"late":{},"rewinds":{},"bytes_in":{},"bytes_out":{},"dropped":{{{}}}}}"#,
                 stats.applied,
                 hex(&stats.model_hash),
                 stats.accepted,
                 stats.equivocations,
                 stats.late,
+                stats.rewinds,
                 stats.bytes_in,
                 stats.bytes_out,
                 dropped.join(",")

@@ -252,7 +252,9 @@ pub fn simulate(cfg: &SimConfig, free_network: bool) -> SimResult {
                         }
                     }
                 }
-                Action::Apply(m) => nodes[node as usize].ready.push_back(m.step),
+                Action::Apply { manifest, .. } => {
+                    nodes[node as usize].ready.push_back(manifest.step)
+                }
                 Action::RequestManifest { .. } => {}
             }
         }

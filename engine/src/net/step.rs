@@ -7,12 +7,20 @@
 //! since the step opened) and signs a manifest listing them; every node
 //! applies exactly the manifest's contributions, in step order. If no
 //! manifest arrives, the n-th fall-back leader publishes after a further
-//! `n × fallback`. A lower attempt replaces a higher one until the step is
-//! applied, so a slow leader and its fall-back converge. Two different
-//! manifests signed by one leader for one (step, attempt) are kept as
-//! equivocation evidence.
+//! `n × fallback`.
+//!
+//! Timeouts cannot tell a dead leader from a slow one, so a fall-back's
+//! manifest and a late leader's can both exist for one step, and nodes may
+//! apply either. Every node therefore keeps the same one in the end, the
+//! lowest by [`Manifest::rank`] (lower attempt, then lower id), and a node
+//! that applied the other one *rewinds*: it goes back to its state before
+//! that step and applies again from there ([`Verdict::Rewind`]). Manifests
+//! carry the leader's history id, so a node that never saw the better
+//! manifest learns of the fork from the next one and asks for it. Two
+//! different manifests signed by one leader for one (step, attempt) are
+//! also kept as equivocation evidence.
 
-use super::msg::{Announce, Manifest};
+use super::msg::{self, Announce, Manifest};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
@@ -56,7 +64,12 @@ pub enum Action {
     /// Sign and gossip this manifest (already accepted locally).
     Publish(Manifest),
     /// Every payload of this manifest is held: apply it (in step order).
-    Apply(Manifest),
+    /// `same_history`: its leader had applied exactly the manifests this
+    /// node has, so its state hash must equal this node's.
+    Apply {
+        manifest: Manifest,
+        same_history: bool,
+    },
     /// Ask this member for a manifest we have not seen.
     RequestManifest { step: u32, from: u32 },
 }
@@ -71,8 +84,12 @@ pub enum Verdict {
     WrongLeader,
     /// A second, different manifest from one leader for one attempt.
     Equivocation,
-    /// Valid but a lower attempt already holds the step.
+    /// Valid but a better-ranked manifest already holds the step.
     Superseded,
+    /// Better than the manifest this node applied for this step: the node
+    /// must go back to its state before the step (the machine already
+    /// re-applies from there).
+    Rewind,
 }
 
 /// Two manifests one leader signed for the same step and attempt.
@@ -89,8 +106,12 @@ struct StepState {
     manifest: Option<Manifest>,
     /// Entries of `manifest` whose payload is not held yet.
     missing: BTreeSet<[u8; 32]>,
-    by_leader: BTreeMap<(u32, u8), Manifest>,
+    /// Every valid manifest seen, per (leader, attempt); more than one is
+    /// equivocation.
+    by_leader: BTreeMap<(u32, u8), Vec<Manifest>>,
     last_produced_us: u64,
+    /// History id after applying `manifest` (set once it is applied).
+    chain: Option<[u8; 32]>,
 }
 
 #[derive(Debug)]
@@ -125,6 +146,9 @@ pub struct StepMachine {
     last_seen: BTreeMap<u32, Duration>,
     pub evidence: Vec<Equivocation>,
     pruned_to: Option<u32>,
+    /// The first step this node applied from, and its history id before
+    /// it: zeros at the epoch's start, the manifest's parent after a sync.
+    base: (u32, [u8; 32]),
 }
 
 impl StepMachine {
@@ -157,6 +181,7 @@ impl StepMachine {
             last_seen: BTreeMap::new(),
             evidence: Vec::new(),
             pruned_to: None,
+            base: (start.unwrap_or(0), [0; 32]),
         }
     }
 
@@ -289,10 +314,31 @@ impl StepMachine {
         self.steps.get(&step).map_or(0, |s| s.last_produced_us)
     }
 
-    /// After a checkpoint download: the next manifest to apply is `step`.
-    pub fn resync(&mut self, step: u32) {
+    /// The next manifest to apply is `step`, with history `parent` before
+    /// it: zeros at the epoch's start, the manifest's parent after a
+    /// checkpoint download.
+    pub fn resync(&mut self, step: u32, parent: [u8; 32]) {
         self.next_apply = Some(step);
+        self.base = (step, parent);
         self.steps.retain(|&s, _| s + KEEP >= step);
+        for st in self.steps.values_mut() {
+            st.chain = None;
+        }
+        self.state_hashes.retain(|&s, _| s <= step);
+    }
+
+    /// Stop applying until [`Self::resync`]: this node must download the
+    /// state again (a rewind further back than it kept states for).
+    pub fn unsync(&mut self) {
+        self.next_apply = None;
+    }
+
+    /// This node's history id before `step`, if it applied up to there.
+    fn chain_before(&self, step: u32) -> Option<[u8; 32]> {
+        if step == self.base.0 {
+            return Some(self.base.1);
+        }
+        self.steps.get(&step.checked_sub(1)?)?.chain
     }
 
     pub fn manifest(&self, step: u32) -> Option<&Manifest> {
@@ -312,35 +358,58 @@ impl StepMachine {
             return Verdict::WrongLeader;
         }
         let applied = self.next_apply.is_some_and(|s| m.step < s);
-        let st = self.step_mut(m.step);
-        st.opened.get_or_insert(now);
-        let key = (m.leader, m.attempt);
-        if let Some(prev) = st.by_leader.get(&key) {
-            if *prev == m {
-                return Verdict::Duplicate;
-            }
-            let ev = Equivocation {
-                first: prev.clone(),
-                second: m,
-            };
-            self.evidence.push(ev);
-            return Verdict::Equivocation;
-        }
-        st.by_leader.insert(key, m.clone());
-        if applied {
+        // Steps already pruned, or from before this node's start, cannot be
+        // rewound to.
+        if applied && (m.step < self.base.0 || !self.steps.contains_key(&m.step)) {
             return Verdict::Stale;
         }
-        if st
-            .manifest
-            .as_ref()
-            .is_some_and(|cur| cur.attempt <= m.attempt)
-        {
-            return Verdict::Superseded;
+        let st = self.step_mut(m.step);
+        st.opened.get_or_insert(now);
+        let seen = st.by_leader.entry((m.leader, m.attempt)).or_default();
+        if seen.contains(&m) {
+            return Verdict::Duplicate;
         }
-        for (member, hash) in &m.entries {
+        let first = seen.first().cloned();
+        let equivocation = first.is_some();
+        if let Some(first) = first {
+            self.evidence.push(Equivocation {
+                first,
+                second: m.clone(),
+            });
+        }
+        let st = self.step_mut(m.step);
+        st.by_leader
+            .entry((m.leader, m.attempt))
+            .or_default()
+            .push(m.clone());
+        let better = st.manifest.as_ref().is_none_or(|cur| m.rank() < cur.rank());
+        if !better {
+            return match (equivocation, applied) {
+                (true, _) => Verdict::Equivocation,
+                (false, true) => Verdict::Stale,
+                (false, false) => Verdict::Superseded,
+            };
+        }
+        let step = m.step;
+        self.install(m);
+        if applied {
+            self.rewind(step);
+            return Verdict::Rewind;
+        }
+        if equivocation {
+            Verdict::Equivocation
+        } else {
+            Verdict::Accepted
+        }
+    }
+
+    /// Makes `m` the step's manifest and fetches what it lists.
+    fn install(&mut self, m: Manifest) {
+        let (step, entries) = (m.step, m.entries.clone());
+        let st = self.step_mut(step);
+        for (member, hash) in &entries {
             st.announced.entry(*member).or_insert(*hash);
         }
-        let (step, entries) = (m.step, m.entries.clone());
         st.manifest = Some(m);
         let missing = entries
             .iter()
@@ -351,7 +420,16 @@ impl StepMachine {
         for (member, hash) in entries {
             self.want(hash, step, member);
         }
-        Verdict::Accepted
+    }
+
+    /// Applies again from `step`: its state before `step` is unchanged,
+    /// everything after is recomputed.
+    fn rewind(&mut self, step: u32) {
+        self.next_apply = Some(step);
+        for st in self.steps.range_mut(step..).map(|(_, st)| st) {
+            st.chain = None;
+        }
+        self.state_hashes.retain(|&s, _| s <= step);
     }
 
     fn expected(&self, step: u32) -> BTreeSet<u32> {
@@ -403,10 +481,30 @@ impl StepMachine {
             let Some(st) = self.steps.get(&next) else {
                 break;
             };
-            let Some(m) = st.manifest.as_ref().filter(|_| st.missing.is_empty()) else {
+            let Some(m) = st.manifest.clone().filter(|_| st.missing.is_empty()) else {
                 break;
             };
-            out.push(Action::Apply(m.clone()));
+            let Some(before) = self.chain_before(next) else {
+                break;
+            };
+            let same_history = m.parent == before;
+            if !same_history {
+                // The leader applied something we did not (or the reverse):
+                // ask it for its recent manifests, so whichever of us holds
+                // the worse one learns of the better and rewinds.
+                let from = next.saturating_sub(KEEP).max(self.base.0);
+                for step in from..next {
+                    out.push(Action::RequestManifest {
+                        step,
+                        from: m.leader,
+                    });
+                }
+            }
+            self.step_mut(next).chain = Some(msg::chain(&before, &m.id()));
+            out.push(Action::Apply {
+                manifest: m,
+                same_history,
+            });
             self.next_apply = Some(next + 1);
         }
         self.ask_missing_manifest(now, &mut out);
@@ -496,6 +594,9 @@ impl StepMachine {
                 .filter(|(_, h)| self.held.contains(*h))
                 .map(|(m, h)| (*m, *h))
                 .collect();
+            let Some(parent) = self.chain_before(step) else {
+                continue;
+            };
             let m = Manifest {
                 job: self.job,
                 epoch: self.epoch,
@@ -503,6 +604,7 @@ impl StepMachine {
                 attempt,
                 leader: self.me,
                 state_hash,
+                parent,
                 entries: held,
             };
             if self.on_manifest(now, m.clone()) == Verdict::Accepted {
@@ -691,7 +793,7 @@ mod tests {
         let applied: Vec<&Manifest> = acts
             .iter()
             .filter_map(|a| match a {
-                Action::Apply(m) => Some(m),
+                Action::Apply { manifest, .. } => Some(manifest),
                 _ => None,
             })
             .collect();
@@ -784,7 +886,7 @@ mod tests {
     }
 
     #[test]
-    fn equivocation_is_recorded_and_does_not_change_the_accepted_manifest() {
+    fn equivocation_is_recorded_and_every_node_keeps_the_same_manifest() {
         let mut ms = machines(3);
         let leader = ms[0].leader(5, 0);
         let good = Manifest {
@@ -794,22 +896,132 @@ mod tests {
             attempt: 0,
             leader,
             state_hash: [0; 32],
+            parent: [0; 32],
             entries: vec![(0, [1; 32])],
         };
         let mut evil = good.clone();
         evil.entries = vec![(1, [2; 32])];
-        let m = &mut ms[((leader + 1) % 3) as usize];
-        assert_eq!(m.on_manifest(MS, good.clone()), Verdict::Accepted);
-        assert_eq!(m.on_manifest(MS, good.clone()), Verdict::Duplicate);
-        assert_eq!(m.on_manifest(MS, evil.clone()), Verdict::Equivocation);
-        assert_eq!(m.manifest(5), Some(&good));
+        let kept = if good.id() < evil.id() { &good } else { &evil };
+        // Two receivers, the two manifests in opposite orders.
+        let others: Vec<usize> = (0..3).filter(|&i| i != leader as usize).collect();
+        for (i, order) in others.iter().zip([[&good, &evil], [&evil, &good]]) {
+            let m = &mut ms[*i];
+            assert_eq!(m.on_manifest(MS, order[0].clone()), Verdict::Accepted);
+            assert_eq!(m.on_manifest(MS, order[0].clone()), Verdict::Duplicate);
+            assert_eq!(m.on_manifest(MS, order[1].clone()), Verdict::Equivocation);
+            assert_eq!(m.on_manifest(MS, order[1].clone()), Verdict::Duplicate);
+            assert_eq!(m.manifest(5), Some(kept));
+            assert_eq!(
+                m.evidence,
+                vec![Equivocation {
+                    first: order[0].clone(),
+                    second: order[1].clone(),
+                }]
+            );
+        }
+    }
+
+    fn applied(acts: &[Action]) -> Vec<(Manifest, bool)> {
+        acts.iter()
+            .filter_map(|a| match a {
+                Action::Apply {
+                    manifest,
+                    same_history,
+                } => Some((manifest.clone(), *same_history)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The split a timeout cannot rule out: the step-0 leader is slow, its
+    /// fall-back publishes and applies, then the leader's manifest arrives.
+    /// The fall-back rewinds at once; a node that never got the leader's
+    /// manifest learns of it from the next step's history id, asks, and
+    /// rewinds too. Everyone ends on the same two manifests.
+    #[test]
+    fn nodes_that_applied_a_fall_back_manifest_rewind_to_the_late_leader_s() {
+        let mut ms = machines(3);
+        let t = Timing::default();
+        let l0 = ms[0].leader(0, 0) as usize;
+        let l1 = ms[0].leader(0, 1) as usize;
+        let x = 3 - l0 - l1;
+        let deliver = |ms: &mut [StepMachine], step: u32, now: Duration| {
+            for i in 0..3u32 {
+                let a = announce(step, i);
+                for (j, m) in ms.iter_mut().enumerate() {
+                    m.on_applied(step, [step as u8; 32]);
+                    if j as u32 == i {
+                        m.on_local(now, &a);
+                    } else {
+                        m.on_announce(now, &a);
+                        m.on_payload(a.payload_hash);
+                    }
+                }
+            }
+        };
+        deliver(&mut ms, 0, Duration::ZERO);
+        // The leader is not polled (slow); past its slot the fall-back,
+        // not hearing from it, publishes attempt 1 and applies it, and so
+        // does the third node.
+        let late = t.collect + t.fallback + MS;
+        let acts = ms[l1].poll(late);
+        let fallback = acts
+            .iter()
+            .find_map(|a| match a {
+                Action::Publish(m) => Some(m.clone()),
+                _ => None,
+            })
+            .expect("the fall-back published");
+        assert_eq!(fallback.attempt, 1);
+        assert_eq!(applied(&acts), vec![(fallback.clone(), true)]);
+        assert_eq!(ms[x].on_manifest(late, fallback.clone()), Verdict::Accepted);
+        assert_eq!(applied(&ms[x].poll(late)), vec![(fallback.clone(), true)]);
+        // The leader wakes up and publishes attempt 0; only the fall-back
+        // receives it, and rewinds.
+        let primary = ms[l0]
+            .poll(late)
+            .into_iter()
+            .find_map(|a| match a {
+                Action::Publish(m) => Some(m),
+                _ => None,
+            })
+            .expect("the leader published");
+        assert_eq!(primary.attempt, 0);
+        assert_eq!(ms[l1].on_manifest(late, primary.clone()), Verdict::Rewind);
+        assert_eq!(applied(&ms[l1].poll(late)), vec![(primary.clone(), true)]);
+        // Step 1, led by the leader or the fall-back: its history id
+        // differs from the third node's, which asks for step 0 and rewinds.
+        let now = late + MS;
+        deliver(&mut ms, 1, now);
+        let (attempt, lead) = (0..3u8)
+            .map(|a| (a, ms[0].leader(1, a) as usize))
+            .find(|(_, l)| *l != x)
+            .unwrap();
+        let next = Manifest {
+            job: [1; 32],
+            epoch: 0,
+            step: 1,
+            attempt,
+            leader: lead as u32,
+            state_hash: [1; 32],
+            parent: msg::chain(&[0; 32], &primary.id()),
+            entries: (0..3).map(|i| (i, announce(1, i).payload_hash)).collect(),
+        };
+        assert_eq!(ms[x].on_manifest(now, next.clone()), Verdict::Accepted);
+        let acts = ms[x].poll(now);
+        assert_eq!(applied(&acts), vec![(next.clone(), false)]);
+        assert!(acts.contains(&Action::RequestManifest {
+            step: 0,
+            from: lead as u32
+        }));
+        assert_eq!(ms[x].on_manifest(now, primary.clone()), Verdict::Rewind);
         assert_eq!(
-            m.evidence,
-            vec![Equivocation {
-                first: good,
-                second: evil
-            }]
+            applied(&ms[x].poll(now)),
+            vec![(primary.clone(), true), (next.clone(), true)]
         );
+        // A worse manifest for an applied step changes nothing.
+        assert_eq!(ms[x].on_manifest(now, fallback), Verdict::Duplicate);
+        assert!(applied(&ms[x].poll(now)).is_empty());
     }
 
     #[test]
@@ -824,6 +1036,7 @@ mod tests {
             attempt: 1,
             leader: l1,
             state_hash: [0; 32],
+            parent: [0; 32],
             entries: vec![],
         };
         let mut wrong = base.clone();

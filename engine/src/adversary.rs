@@ -1,0 +1,265 @@
+//! Adversarial members, for tests and benchmarks only. Each mode turns what
+//! an honest member would send into an attack. Attackers are omniscient:
+//! they see every honest payload of the step before sending theirs, the
+//! strongest case for the aggregator.
+//!
+//! Payloads carry 1-bit signs of k coefficients per chunk, so attacks that
+//! work on magnitudes (scaling, ALIE's mean − z·σ, IPM's −ε·mean) take their
+//! sign-vote form here: scaling changes only which coefficients win; ALIE
+//! votes against the honest majority where its margin is thinnest; IPM
+//! votes against it where it is strongest.
+
+use crate::compress::{Layout, Payload, SparseSigns};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Mode {
+    /// Sends its honest payload with every sign flipped.
+    SignFlip,
+    /// Keeps its honest coefficients, with random signs.
+    Noise,
+    /// Multiplies its gradient by 100 before compressing.
+    Scale,
+    /// Votes against the honest majority where its margin is thinnest.
+    Alie,
+    /// Votes against the honest majority where it is strongest.
+    Ipm,
+    /// Computes nothing, sends random coefficients and signs.
+    FreeRider,
+    /// Computes nothing, re-sends another member's payload of the step.
+    Copycat,
+    /// Computes once, then re-sends that payload every step.
+    Stale,
+    /// Sends honest payloads; as a step leader it signs two different
+    /// manifests (see `net::step`).
+    EquivocatingLeader,
+}
+
+impl Mode {
+    pub const ALL: [Mode; 9] = [
+        Mode::SignFlip,
+        Mode::Noise,
+        Mode::Scale,
+        Mode::Alie,
+        Mode::Ipm,
+        Mode::FreeRider,
+        Mode::Copycat,
+        Mode::Stale,
+        Mode::EquivocatingLeader,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::SignFlip => "sign-flip",
+            Mode::Noise => "noise",
+            Mode::Scale => "scale",
+            Mode::Alie => "alie",
+            Mode::Ipm => "ipm",
+            Mode::FreeRider => "free-rider",
+            Mode::Copycat => "copycat",
+            Mode::Stale => "stale",
+            Mode::EquivocatingLeader => "equivocating-leader",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Mode> {
+        Mode::ALL.into_iter().find(|m| m.name() == s)
+    }
+
+    /// Whether the attacker computes a gradient this step (the free-rider,
+    /// the copycat and the stale member after its first step save it).
+    pub fn computes(self, first_step: bool) -> bool {
+        match self {
+            Mode::FreeRider | Mode::Copycat => false,
+            Mode::Stale => first_step,
+            _ => true,
+        }
+    }
+
+    /// The gradient multiplier the attacker trains with.
+    pub fn grad_scale(self) -> f32 {
+        if self == Mode::Scale { 100.0 } else { 1.0 }
+    }
+}
+
+/// What an attacker knows when it forges its payload.
+pub struct Attack<'a> {
+    pub layout: &'a Layout,
+    /// Every honest payload of the step.
+    pub honest: &'a [&'a Payload],
+    /// Its own honestly computed payload, if it computed one.
+    pub own: Option<&'a Payload>,
+    /// The payload it sent first (what a stale member re-sends).
+    pub first: Option<&'a Payload>,
+    /// Per-attacker, per-step randomness.
+    pub seed: [u8; 32],
+}
+
+/// A small deterministic generator (tests and benchmarks must repeat).
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: &[u8; 32]) -> Self {
+        Self(u64::from_le_bytes(seed[..8].try_into().unwrap_or([0; 8])) | 1)
+    }
+    fn next(&mut self) -> u64 {
+        // xorshift64*
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+}
+
+/// The payload `mode` sends. Falls back to an empty-handed garbage payload
+/// where the mode's input is missing (e.g. a copycat with nobody to copy).
+pub fn forge(mode: Mode, a: &Attack) -> Payload {
+    let mut rng = Rng::new(&a.seed);
+    match (mode, a.own) {
+        (Mode::SignFlip, Some(own)) => map_signs(own, |_, neg| !neg),
+        (Mode::Noise, Some(own)) => map_signs(own, |_, _| rng.next() & 1 == 1),
+        (Mode::Scale | Mode::EquivocatingLeader, Some(own)) => own.clone(),
+        (Mode::Alie, _) => against_majority(a, &mut rng, false),
+        (Mode::Ipm, _) => against_majority(a, &mut rng, true),
+        (Mode::Copycat, _) if !a.honest.is_empty() => a.honest[rng.below(a.honest.len())].clone(),
+        // Its first step is honest; from then on it re-sends that payload.
+        (Mode::Stale, own) if a.first.or(own).is_some() => {
+            a.first.or(own).cloned().unwrap_or_default()
+        }
+        _ => garbage(a.layout, &mut rng),
+    }
+}
+
+fn map_signs(p: &Payload, mut f: impl FnMut(u16, bool) -> bool) -> Payload {
+    Payload {
+        params: p
+            .params
+            .iter()
+            .map(|s| SparseSigns {
+                idx: s.idx.clone(),
+                neg: s.idx.iter().zip(&s.neg).map(|(i, n)| f(*i, *n)).collect(),
+            })
+            .collect(),
+    }
+}
+
+/// k distinct random coefficients per chunk with random signs.
+fn garbage(layout: &Layout, rng: &mut Rng) -> Payload {
+    let params = layout
+        .dcts
+        .iter()
+        .enumerate()
+        .map(|(p, dct)| {
+            let (k, size) = (layout.topk[p], dct.tiling.chunk_size());
+            let mut s = SparseSigns::default();
+            for _ in 0..dct.tiling.chunks() {
+                let mut picked: Vec<u16> = Vec::with_capacity(k);
+                while picked.len() < k {
+                    let i = rng.below(size) as u16;
+                    if !picked.contains(&i) {
+                        picked.push(i);
+                    }
+                }
+                picked.sort_unstable();
+                s.neg.extend(picked.iter().map(|_| rng.next() & 1 == 1));
+                s.idx.extend(picked);
+            }
+            s
+        })
+        .collect();
+    Payload { params }
+}
+
+/// Per chunk, votes against the honest sum on k coefficients: the strongest
+/// (`strongest`, IPM) or the thinnest non-zero margins (ALIE), picked at
+/// random among twice as many candidates so colluders do not send
+/// byte-identical payloads.
+fn against_majority(a: &Attack, rng: &mut Rng, strongest: bool) -> Payload {
+    if a.honest.is_empty() {
+        return garbage(a.layout, rng);
+    }
+    let params = a
+        .layout
+        .dcts
+        .iter()
+        .enumerate()
+        .map(|(p, dct)| {
+            let (k, size) = (a.layout.topk[p], dct.tiling.chunk_size());
+            let mut votes = vec![0i32; size];
+            let mut s = SparseSigns::default();
+            for ch in 0..dct.tiling.chunks() {
+                let range = ch * k..(ch + 1) * k;
+                let mut touched: Vec<u16> = Vec::new();
+                for h in a.honest {
+                    let hs = &h.params[p];
+                    for (i, neg) in hs.idx[range.clone()].iter().zip(&hs.neg[range.clone()]) {
+                        if votes[*i as usize] == 0 && !touched.contains(i) {
+                            touched.push(*i);
+                        }
+                        votes[*i as usize] += if *neg { -1 } else { 1 };
+                    }
+                }
+                let mut cands: Vec<u16> = touched
+                    .iter()
+                    .copied()
+                    .filter(|i| votes[*i as usize] != 0)
+                    .collect();
+                cands.sort_by_key(|i| {
+                    let m = votes[*i as usize].abs();
+                    (if strongest { -m } else { m }, *i)
+                });
+                cands.truncate(2 * k);
+                // Too few contested coefficients: fill with untouched ones.
+                let mut fill = 0u16;
+                while cands.len() < k {
+                    if !cands.contains(&fill) {
+                        cands.push(fill);
+                    }
+                    fill += 1;
+                }
+                while cands.len() > k {
+                    cands.swap_remove(rng.below(cands.len()));
+                }
+                cands.sort_unstable();
+                s.neg.extend(cands.iter().map(|i| votes[*i as usize] > 0));
+                s.idx.extend(cands.iter().copied());
+                for i in touched {
+                    votes[i as usize] = 0;
+                }
+            }
+            debug_assert!(s.idx.iter().all(|i| (*i as usize) < size));
+            s
+        })
+        .collect();
+    Payload { params }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compress::CompressConfig;
+
+    #[test]
+    fn every_forged_payload_is_well_formed_and_modes_round_trip_by_name() {
+        let layout = Layout::new(&[vec![64, 64], vec![10]], &CompressConfig::default());
+        let mut rng = Rng::new(&[3; 32]);
+        let honest: Vec<Payload> = (0..4).map(|_| garbage(&layout, &mut rng)).collect();
+        let refs: Vec<&Payload> = honest.iter().collect();
+        for mode in Mode::ALL {
+            assert_eq!(Mode::parse(mode.name()), Some(mode));
+            let a = Attack {
+                layout: &layout,
+                honest: &refs,
+                own: Some(&honest[0]),
+                first: Some(&honest[1]),
+                seed: [9; 32],
+            };
+            let p = forge(mode, &a);
+            p.validate(&layout)
+                .unwrap_or_else(|e| panic!("{mode:?}: {e}"));
+        }
+        assert_eq!(Mode::parse("nonsense"), None);
+    }
+}

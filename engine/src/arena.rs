@@ -1,0 +1,343 @@
+//! N members in one process, some of them adversaries, with the defences
+//! every honest node runs: the screen, audits by witnesses, slashing, and
+//! robust aggregation. What the robustness tests and `cohort-bench
+//! adversary` run.
+//!
+//! Per step: members compute (attackers forge, seeing every honest payload
+//! first); every node screens the step's payloads identically; flagged ones
+//! get no vote this step, and among byte-identical payloads only one votes.
+//! Flagged contributions are audited, and others at random; an audit
+//! that fails is repeated by further witnesses, and `quorum` failures slash
+//! the member: it gets no vote from then on (on chain, `report_fraud`).
+//!
+//! Limits, stated plainly: witnesses here are honest (colluding witnesses
+//! are what the on-chain quorum is for, and are not modelled); a member
+//! that fabricates a momentum to match a crafted payload is not caught by a
+//! one-step audit (checking the momentum chain across steps would).
+
+use crate::adversary::{self, Attack, Mode};
+use crate::audit::{self, AuditConfig, Comparison};
+use crate::backend::GradientEngine;
+use crate::compress::Payload;
+use crate::data::Corpus;
+use crate::error::EngineError;
+use crate::runner::{RunConfig, epoch_seed, member_key};
+use crate::trainer::{Identity, Trainer};
+use crate::wire::Contribution;
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+#[derive(Debug, Clone)]
+pub struct ArenaConfig {
+    pub run: RunConfig,
+    /// Member index → its attack. Everyone else is honest.
+    pub adversaries: BTreeMap<usize, Mode>,
+    pub audit: AuditConfig,
+    /// Off: plain majority vote with no screen, audits or slashing (what
+    /// the defences are measured against).
+    pub defend: bool,
+    /// Relative noise the witness adds to recomputed gradients, standing
+    /// in for another GPU's rounding (0 = same hardware).
+    pub witness_jitter: f32,
+    /// Micro-batch the witness computes with (0 = the job's): another
+    /// summation order, so other rounding, like another GPU.
+    pub witness_micro_batch: usize,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct ArenaReport {
+    pub final_val_loss: f32,
+    pub val_curve: Vec<(u32, f32)>,
+    /// Member → step at which it was slashed.
+    pub slashed: BTreeMap<usize, u32>,
+    /// Honest members slashed (must stay 0).
+    pub false_accusations: usize,
+    pub audits: usize,
+    /// Of which drawn by the screen rather than at random.
+    pub targeted: usize,
+    pub failed_audits: usize,
+    /// Lowest score any honest member's audit got.
+    pub worst_honest: Option<Comparison>,
+    /// Honest members' payloads the screen flagged (each then audited).
+    pub honest_flagged: usize,
+    /// Gradient compute of the members' own contributions, and of audits.
+    pub train_secs: f64,
+    pub audit_secs: f64,
+}
+
+impl ArenaReport {
+    /// Extra compute audits cost, as a share of training compute.
+    pub fn audit_overhead(&self) -> f64 {
+        self.audit_secs / self.train_secs.max(1e-9)
+    }
+}
+
+/// Runs `cfg` with one engine per member plus one for the witness.
+pub fn run(
+    cfg: &ArenaConfig,
+    corpus: &Corpus,
+    engines: Vec<Box<dyn GradientEngine>>,
+    witness_engine: Box<dyn GradientEngine>,
+) -> Result<ArenaReport, EngineError> {
+    let run = &cfg.run;
+    if engines.len() != run.members {
+        return Err(EngineError::Config(format!(
+            "{} engines for {} members",
+            engines.len(),
+            run.members
+        )));
+    }
+    if let Some(&bad) = cfg.adversaries.keys().find(|&&i| i >= run.members) {
+        return Err(EngineError::Config(format!(
+            "adversary {bad} is not one of {} members",
+            run.members
+        )));
+    }
+    let init = epoch_seed(&run.job, u32::MAX);
+    let identity = |i: usize| Identity {
+        job: run.job,
+        member: member_key(i),
+        index: i as u32,
+    };
+    let mut trainers = engines
+        .into_iter()
+        .enumerate()
+        .map(|(i, e)| Trainer::new(run.train, &init, corpus.clone(), e, identity(i)))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut witness_train = run.train;
+    if cfg.witness_micro_batch > 0 {
+        witness_train.micro_batch = cfg.witness_micro_batch;
+    }
+    let mut witness = Trainer::new(
+        witness_train,
+        &init,
+        corpus.clone(),
+        witness_engine,
+        identity(0),
+    )?;
+    let mut report = ArenaReport::default();
+    let mut first_sent: BTreeMap<usize, Payload> = BTreeMap::new();
+    let mut recent: Vec<[u8; 32]> = Vec::new();
+    for step in 0..run.steps {
+        let epoch = step / run.steps_per_epoch.max(1);
+        let seed = epoch_seed(&run.job, epoch);
+        let active: Vec<usize> = (0..run.members)
+            .filter(|i| !report.slashed.contains_key(i))
+            .collect();
+        // 1. Compute, in parallel as separate machines would. The momentum
+        //    before the step is what a member reveals if audited.
+        let mode = |i: usize| cfg.adversaries.get(&i).copied();
+        let computed: Vec<Option<Computed>> = std::thread::scope(|s| {
+            let handles: Vec<_> = trainers
+                .iter_mut()
+                .enumerate()
+                .map(|(i, t)| {
+                    let computes = active.contains(&i)
+                        && mode(i).is_none_or(|m| m.computes(!first_sent.contains_key(&i)));
+                    let scale = mode(i).map_or(1.0, Mode::grad_scale);
+                    let seed = &seed;
+                    s.spawn(move || {
+                        if !computes {
+                            return Ok(None);
+                        }
+                        let before = t.momentum().to_vec();
+                        let (c, stats) = t.compute_scaled(seed, epoch, step, scale)?;
+                        Ok(Some((before, c, stats.compute_secs)))
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(EngineError::Backend("member thread panicked".into()))
+                    })
+                })
+                .collect::<Result<Vec<_>, EngineError>>()
+        })?;
+        report.train_secs += computed.iter().flatten().map(|c| c.2).sum::<f64>();
+        // 2. Attackers forge, seeing every honest payload of the step.
+        let honest: Vec<&Payload> = active
+            .iter()
+            .filter(|i| mode(**i).is_none())
+            .filter_map(|i| computed[*i].as_ref().map(|c| &c.1.payload))
+            .collect();
+        let layout = trainers[0].layout().clone();
+        let mut sent: Vec<(usize, Payload)> = Vec::with_capacity(active.len());
+        for &i in &active {
+            let own = computed[i].as_ref().map(|c| &c.1.payload);
+            let payload = match mode(i) {
+                None => own.cloned().unwrap_or_default(),
+                Some(m) => {
+                    let mut s =
+                        *blake3::hash(&[&seed[..], &step.to_le_bytes(), &i.to_le_bytes()].concat())
+                            .as_bytes();
+                    s[31] ^= 0x5a;
+                    adversary::forge(
+                        m,
+                        &Attack {
+                            layout: &layout,
+                            honest: &honest,
+                            own,
+                            first: first_sent.get(&i),
+                            seed: s,
+                        },
+                    )
+                }
+            };
+            first_sent.entry(i).or_insert_with(|| payload.clone());
+            sent.push((i, payload));
+        }
+        // 3. The screen and the step's weights, identical on every node.
+        let refs: Vec<&Payload> = sent.iter().map(|s| &s.1).collect();
+        let screens = audit::screen(&layout, &refs, &recent);
+        let hashes: Vec<[u8; 32]> = refs.iter().map(|p| audit::payload_hash(p)).collect();
+        let weights: Vec<i32> = (0..sent.len())
+            .map(|j| {
+                if !cfg.defend {
+                    return 1;
+                }
+                let first_copy = hashes[..j].iter().all(|h| *h != hashes[j]);
+                let flagged = screens[j].flagged(&cfg.audit) && !screens[j].duplicate;
+                i32::from(first_copy && !flagged && !recent.contains(&hashes[j]))
+            })
+            .collect();
+        recent.extend(hashes.iter().copied());
+        let keep = 8 * run.members;
+        if recent.len() > keep {
+            recent.drain(..recent.len() - keep);
+        }
+        // 4. Audits, on the weights the contributions were computed on.
+        if cfg.defend {
+            let reveal = *blake3::hash(&hashes.concat()).as_bytes();
+            for (j, (i, payload)) in sent.iter().enumerate() {
+                let targeted = screens[j].flagged(&cfg.audit);
+                if !targeted && !audit::sampled(&reveal, step, *i as u32, cfg.audit.rate) {
+                    continue;
+                }
+                report.audits += 1;
+                report.targeted += usize::from(targeted);
+                if mode(*i).is_none() && targeted {
+                    report.honest_flagged += 1;
+                }
+                // A member that computed nothing reveals a zero momentum.
+                let revealed = computed[*i]
+                    .as_ref()
+                    .map_or_else(|| zeros(&trainers[*i]), |c| c.0.clone());
+                let t0 = Instant::now();
+                let c = audit_once(
+                    &mut witness,
+                    cfg,
+                    &seed,
+                    epoch,
+                    step,
+                    *i,
+                    &revealed,
+                    payload,
+                )?;
+                report.audit_secs += t0.elapsed().as_secs_f64();
+                if mode(*i).is_none() {
+                    let worst = report.worst_honest.get_or_insert(c);
+                    if c.overlap < worst.overlap || c.agreement < worst.agreement {
+                        *worst = Comparison {
+                            overlap: c.overlap.min(worst.overlap),
+                            agreement: c.agreement.min(worst.agreement),
+                        };
+                    }
+                }
+                if c.passes(&cfg.audit) {
+                    continue;
+                }
+                report.failed_audits += 1;
+                // Further witnesses confirm before anyone is slashed.
+                let mut fails = 1;
+                for _ in 1..cfg.audit.quorum {
+                    let t0 = Instant::now();
+                    let again = audit_once(
+                        &mut witness,
+                        cfg,
+                        &seed,
+                        epoch,
+                        step,
+                        *i,
+                        &revealed,
+                        payload,
+                    )?;
+                    report.audit_secs += t0.elapsed().as_secs_f64();
+                    fails += usize::from(!again.passes(&cfg.audit));
+                }
+                if fails >= cfg.audit.quorum {
+                    report.slashed.insert(*i, step);
+                    if mode(*i).is_none() {
+                        report.false_accusations += 1;
+                    }
+                }
+            }
+        }
+        // 5. Every node applies the same weighted contributions.
+        let contributions: Vec<Contribution> = sent
+            .iter()
+            .map(|(i, payload)| Contribution {
+                job: run.job,
+                epoch,
+                step,
+                member: member_key(*i),
+                train_loss: 0.0,
+                momentum_hash: [0; 32],
+                payload: payload.clone(),
+            })
+            .collect();
+        for t in trainers.iter_mut().chain(std::iter::once(&mut witness)) {
+            t.apply_weighted(&contributions, &weights)?;
+        }
+        let last = step + 1 == run.steps;
+        if run.eval_windows > 0
+            && (last || (run.eval_every > 0 && (step + 1) % run.eval_every == 0))
+        {
+            let v = witness.validation_loss(run.eval_windows)?;
+            report.val_curve.push((step + 1, v));
+            report.final_val_loss = v;
+        }
+    }
+    Ok(report)
+}
+
+/// A member's work for one step: its momentum before the step (what it
+/// reveals if audited), its contribution, and the compute seconds.
+type Computed = (Vec<Vec<f32>>, Contribution, f64);
+
+fn zeros(t: &Trainer) -> Vec<Vec<f32>> {
+    t.momentum().iter().map(|m| vec![0.0; m.len()]).collect()
+}
+
+/// One witness's audit of member `i`'s payload.
+#[allow(clippy::too_many_arguments)]
+fn audit_once(
+    witness: &mut Trainer,
+    cfg: &ArenaConfig,
+    seed: &[u8; 32],
+    epoch: u32,
+    step: u32,
+    i: usize,
+    momentum: &[Vec<f32>],
+    sent: &Payload,
+) -> Result<Comparison, EngineError> {
+    let (_, mut grads) = witness.member_gradients(seed, epoch, step, i as u32)?;
+    if cfg.witness_jitter > 0.0 {
+        jitter(&mut grads, cfg.witness_jitter, step ^ (i as u32) << 16);
+    }
+    let again = witness.compress_as(momentum, &grads)?;
+    Ok(audit::compare(witness.layout(), sent, &again))
+}
+
+/// Multiplies every value by (1 + u·scale), u uniform in [-1, 1].
+fn jitter(grads: &mut [Vec<f32>], scale: f32, seed: u32) {
+    let mut x = u64::from(seed).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    for g in grads.iter_mut().flatten() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let u = (x >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
+        *g *= 1.0 + u * scale;
+    }
+}

@@ -1,0 +1,293 @@
+//! Proof of contribution: which contributions witnesses audit, and how an
+//! audit decides.
+//!
+//! A contribution commits to the hash of its author's momentum before the
+//! step. A witness fetches that momentum (it must match the commitment),
+//! recomputes the author's gradient on the shared weights and the author's
+//! assigned batch, compresses it the same way, and compares the result
+//! with what the author sent. Different GPUs round differently, so the
+//! comparison is not bit equality: the share of top-k coefficients both
+//! picked, and the share of those with the same sign.
+//!
+//! Audits are drawn two ways, both from data every node holds once the step
+//! is over, so nobody knows in advance which contribution is checked:
+//! - at random, each contribution with probability `rate`;
+//! - always, when a cheap screen of the step's payloads flags it: a payload
+//!   equal to another one (copied, or re-sent from an earlier step), or one
+//!   whose coefficients few others picked or whose signs go against the
+//!   others' majority (garbage, flipped or crafted votes). Honest payloads
+//!   pass the screen almost always, so targeted audits cost little.
+
+use crate::compress::{Layout, Payload};
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AuditConfig {
+    /// Chance that any one contribution is audited at random.
+    pub rate: f64,
+    /// Witnesses whose failed audits slash a member (on chain: the job's
+    /// quorum of `report_fraud` signers).
+    pub quorum: usize,
+    /// Least share of the author's coefficients the recomputation picks too.
+    pub min_overlap: f32,
+    /// Least share of common coefficients with the same sign.
+    pub min_agreement: f32,
+    /// The screen: least share of a payload's coefficients that some other
+    /// member picked too, and least sign agreement with the others' votes.
+    pub screen_support: f32,
+    pub screen_agreement: f32,
+}
+
+impl Default for AuditConfig {
+    fn default() -> Self {
+        Self {
+            rate: 0.02,
+            quorum: 2,
+            min_overlap: 0.5,
+            min_agreement: 0.8,
+            screen_support: 0.2,
+            screen_agreement: 0.55,
+        }
+    }
+}
+
+/// The commitment to a member's momentum carried by its contribution.
+pub fn momentum_hash(momentum: &[Vec<f32>]) -> [u8; 32] {
+    let mut h = blake3::Hasher::new();
+    h.update(b"cohort-momentum-v1");
+    for m in momentum {
+        for v in m {
+            h.update(&v.to_le_bytes());
+        }
+    }
+    *h.finalize().as_bytes()
+}
+
+/// Whether `member`'s contribution to `step` is audited at random. `reveal`
+/// is known only after the step (its manifest id, or the shared state hash
+/// after it), so a member cannot tell in advance.
+pub fn sampled(reveal: &[u8; 32], step: u32, member: u32, rate: f64) -> bool {
+    let mut h = blake3::Hasher::new();
+    h.update(b"cohort-audit-v1");
+    h.update(reveal);
+    h.update(&step.to_le_bytes());
+    h.update(&member.to_le_bytes());
+    let d = h.finalize();
+    let x = u64::from_le_bytes(d.as_bytes()[..8].try_into().unwrap_or([0; 8]));
+    (x as f64) < rate * u64::MAX as f64
+}
+
+/// How a sent payload compares with a reference one.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Comparison {
+    /// Share of the sent coefficients the reference picked too.
+    pub overlap: f32,
+    /// Share of those common coefficients with the same sign.
+    pub agreement: f32,
+}
+
+impl Comparison {
+    pub fn passes(&self, cfg: &AuditConfig) -> bool {
+        self.overlap >= cfg.min_overlap && self.agreement >= cfg.min_agreement
+    }
+}
+
+/// Compares `sent` with `reference` coefficient by coefficient. Both are
+/// validated payloads of one layout (k per chunk, ascending indices).
+pub fn compare(layout: &Layout, sent: &Payload, reference: &Payload) -> Comparison {
+    let (mut total, mut common, mut same) = (0usize, 0usize, 0usize);
+    for (p, (a, b)) in sent.params.iter().zip(&reference.params).enumerate() {
+        let k = layout.topk[p];
+        for (ch, (ia, ib)) in a.idx.chunks(k).zip(b.idx.chunks(k)).enumerate() {
+            let (na, nb) = (&a.neg[ch * k..], &b.neg[ch * k..]);
+            total += ia.len();
+            // Both index lists ascend: a merge walk.
+            let (mut i, mut j) = (0, 0);
+            while i < ia.len() && j < ib.len() {
+                match ia[i].cmp(&ib[j]) {
+                    std::cmp::Ordering::Less => i += 1,
+                    std::cmp::Ordering::Greater => j += 1,
+                    std::cmp::Ordering::Equal => {
+                        common += 1;
+                        same += usize::from(na[i] == nb[j]);
+                        i += 1;
+                        j += 1;
+                    }
+                }
+            }
+        }
+    }
+    Comparison {
+        overlap: common as f32 / total.max(1) as f32,
+        agreement: if common == 0 {
+            0.0
+        } else {
+            same as f32 / common as f32
+        },
+    }
+}
+
+/// The screen's view of one payload within its step.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Screen {
+    /// Share of its coefficients some other member picked too.
+    pub support: f32,
+    /// Among those, share whose sign matches the sign of the others' summed
+    /// votes (ties count as matching).
+    pub agreement: f32,
+    /// Byte-identical to another payload of the step or to one in `recent`.
+    pub duplicate: bool,
+}
+
+impl Screen {
+    pub fn flagged(&self, cfg: &AuditConfig) -> bool {
+        self.duplicate || self.support < cfg.screen_support || self.agreement < cfg.screen_agreement
+    }
+}
+
+/// Screens every payload of one step against the others. `recent` holds
+/// payload hashes from earlier steps (a re-sent payload is a duplicate).
+/// Costs one pass over the votes: no gradient is computed.
+pub fn screen(layout: &Layout, payloads: &[&Payload], recent: &[[u8; 32]]) -> Vec<Screen> {
+    let hashes: Vec<[u8; 32]> = payloads.iter().map(|p| payload_hash(p)).collect();
+    let mut out: Vec<Screen> = hashes
+        .iter()
+        .enumerate()
+        .map(|(i, h)| Screen {
+            duplicate: recent.contains(h)
+                || hashes.iter().enumerate().any(|(j, o)| j != i && o == h),
+            ..Default::default()
+        })
+        .collect();
+    let mut support = vec![0usize; payloads.len()];
+    let mut agree = vec![0usize; payloads.len()];
+    let mut total = vec![0usize; payloads.len()];
+    for (p, dct) in layout.dcts.iter().enumerate() {
+        let k = layout.topk[p];
+        let size = dct.tiling.chunk_size();
+        let mut votes = vec![0i32; size];
+        let mut count = vec![0u32; size];
+        for ch in 0..dct.tiling.chunks() {
+            let range = ch * k..(ch + 1) * k;
+            for pl in payloads {
+                let s = &pl.params[p];
+                for (i, neg) in s.idx[range.clone()].iter().zip(&s.neg[range.clone()]) {
+                    votes[*i as usize] += if *neg { -1 } else { 1 };
+                    count[*i as usize] += 1;
+                }
+            }
+            for (m, pl) in payloads.iter().enumerate() {
+                let s = &pl.params[p];
+                for (i, neg) in s.idx[range.clone()].iter().zip(&s.neg[range.clone()]) {
+                    let own = if *neg { -1 } else { 1 };
+                    total[m] += 1;
+                    if count[*i as usize] > 1 {
+                        support[m] += 1;
+                        let others = votes[*i as usize] - own;
+                        agree[m] += usize::from(others * own >= 0);
+                    }
+                }
+            }
+            for pl in payloads {
+                for i in &pl.params[p].idx[range.clone()] {
+                    votes[*i as usize] = 0;
+                    count[*i as usize] = 0;
+                }
+            }
+        }
+    }
+    for (m, s) in out.iter_mut().enumerate() {
+        s.support = support[m] as f32 / total[m].max(1) as f32;
+        s.agreement = if support[m] == 0 {
+            0.0
+        } else {
+            agree[m] as f32 / support[m] as f32
+        };
+    }
+    out
+}
+
+/// A payload's identity for duplicate checks (independent of its header).
+pub fn payload_hash(p: &Payload) -> [u8; 32] {
+    let mut h = blake3::Hasher::new();
+    h.update(b"cohort-payload-v1");
+    for s in &p.params {
+        for (i, n) in s.idx.iter().zip(&s.neg) {
+            h.update(&i.to_le_bytes());
+            h.update(&[u8::from(*n)]);
+        }
+    }
+    *h.finalize().as_bytes()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compress::{CompressConfig, SparseSigns};
+
+    fn layout() -> Layout {
+        Layout::new(&[vec![16, 16]], &CompressConfig::default())
+    }
+
+    fn payload(idx: &[u16], neg: &[bool]) -> Payload {
+        Payload {
+            params: vec![SparseSigns {
+                idx: idx.to_vec(),
+                neg: neg.to_vec(),
+            }],
+        }
+    }
+
+    #[test]
+    fn comparison_counts_common_coefficients_and_their_signs() {
+        let l = layout();
+        let a = payload(&[1, 2, 3, 4], &[false, false, true, true]);
+        assert_eq!(
+            compare(&l, &a, &a),
+            Comparison {
+                overlap: 1.0,
+                agreement: 1.0
+            }
+        );
+        let b = payload(&[2, 3, 9, 10], &[true, true, false, false]);
+        let c = compare(&l, &a, &b);
+        assert_eq!(c.overlap, 0.5);
+        assert_eq!(c.agreement, 0.5);
+        assert!(!c.passes(&AuditConfig::default()));
+    }
+
+    #[test]
+    fn sampling_is_seeded_and_near_its_rate() {
+        let reveal = [7; 32];
+        let hits = (0..20_000)
+            .filter(|&m| sampled(&reveal, 3, m, 0.05))
+            .count();
+        assert!((800..1200).contains(&hits), "{hits}");
+        assert_eq!(sampled(&reveal, 3, 11, 0.05), sampled(&reveal, 3, 11, 0.05));
+        assert!(!sampled(&reveal, 3, 11, 0.0));
+    }
+
+    #[test]
+    fn the_screen_flags_copies_flips_and_garbage_but_not_agreeing_payloads() {
+        let l = layout();
+        let honest = [
+            payload(&[1, 2, 3, 4], &[false, false, true, true]),
+            payload(&[1, 2, 3, 5], &[false, false, true, false]),
+            payload(&[1, 2, 4, 5], &[false, false, true, false]),
+        ];
+        let flipped = payload(&[1, 2, 3, 4], &[true, true, false, false]);
+        let garbage = payload(&[100, 150, 200, 250], &[false, true, false, true]);
+        let copy = honest[0].clone();
+        let old = payload(&[6, 7, 8, 9], &[false; 4]);
+        let all: Vec<&Payload> = honest
+            .iter()
+            .chain([&flipped, &garbage, &copy, &old])
+            .collect();
+        let cfg = AuditConfig::default();
+        let s = screen(&l, &all, &[payload_hash(&old)]);
+        assert!(!s[1].flagged(&cfg) && !s[2].flagged(&cfg), "{s:?}");
+        assert!(s[3].flagged(&cfg), "flipped {:?}", s[3]);
+        assert!(s[4].flagged(&cfg), "garbage {:?}", s[4]);
+        assert!(s[5].duplicate && s[0].duplicate, "copy and its original");
+        assert!(s[6].duplicate, "re-sent");
+    }
+}
