@@ -256,7 +256,7 @@ fn publish(
          Loss is the final validation loss as a ratio to the honest run measured in the same run \
          (honest: {:.4}). *Undefended* is the same attack on the plain sign vote, with no screen, \
          audits or slashing. Audits: {:.0}% of contributions at random plus every one the screen \
-         flags; a failed audit is repeated by {} witnesses before a slash. Goals: loss ≤ 1.10× \
+         flags; a slash needs {} witnesses whose audits failed. Goals: loss ≤ 1.10× \
          honest at 33% for every mode; every free-rider and copycat slashed within one epoch; \
          audit overhead ≤ 5%.\n",
         honest.final_val_loss,
@@ -324,7 +324,11 @@ fn publish(
         md,
         "\nWorst loss ratio at 33%: **{worst_33:.3}** (goal ≤ 1.10). The equivocating leader sends honest payloads; \
          its attack is on manifests, and *detected* is the share of its double manifests every honest node \
-         recorded as evidence while keeping one common manifest (`net::step`). Run took {secs:.0} s."
+         recorded as evidence while keeping one common manifest (`net::step`). Where attackers are slashed at \
+         the first step, the run continues with the honest members only, so those rows share one loss: the \
+         ratio measures the data the attackers took away, not damage they did. Audit overhead counts \
+         the witnesses' gradient recomputations; the screen (one pass over the votes) is not counted. \
+         Run took {secs:.0} s."
     );
     println!("\nworst loss ratio at 33%: {worst_33:.3} (goal ≤ 1.10)");
     report::publish("adversary", &f, &md)
