@@ -224,18 +224,15 @@ pub fn run(
                 let revealed = computed[*i]
                     .as_ref()
                     .map_or_else(|| zeros(&trainers[*i]), |c| c.0.clone());
-                let t0 = Instant::now();
-                let c = audit_once(
-                    &mut witness,
-                    cfg,
-                    &seed,
+                let case = Audited {
+                    seed: &seed,
                     epoch,
                     step,
-                    *i,
-                    &revealed,
-                    payload,
-                )?;
-                report.audit_secs += t0.elapsed().as_secs_f64();
+                    member: *i,
+                    momentum: &revealed,
+                    sent: payload,
+                };
+                let c = case.check(&mut witness, cfg, &mut report.audit_secs)?;
                 if mode(*i).is_none() {
                     let worst = report.worst_honest.get_or_insert(c);
                     if c.overlap < worst.overlap || c.agreement < worst.agreement {
@@ -252,18 +249,7 @@ pub fn run(
                 // Further witnesses confirm before anyone is slashed.
                 let mut fails = 1;
                 for _ in 1..cfg.audit.quorum {
-                    let t0 = Instant::now();
-                    let again = audit_once(
-                        &mut witness,
-                        cfg,
-                        &seed,
-                        epoch,
-                        step,
-                        *i,
-                        &revealed,
-                        payload,
-                    )?;
-                    report.audit_secs += t0.elapsed().as_secs_f64();
+                    let again = case.check(&mut witness, cfg, &mut report.audit_secs)?;
                     fails += usize::from(!again.passes(&cfg.audit));
                 }
                 if fails >= cfg.audit.quorum {
@@ -310,24 +296,38 @@ fn zeros(t: &Trainer) -> Vec<Vec<f32>> {
     t.momentum().iter().map(|m| vec![0.0; m.len()]).collect()
 }
 
-/// One witness's audit of member `i`'s payload.
-#[allow(clippy::too_many_arguments)]
-fn audit_once(
-    witness: &mut Trainer,
-    cfg: &ArenaConfig,
-    seed: &[u8; 32],
+/// One contribution under audit: what the member sent and revealed.
+struct Audited<'a> {
+    seed: &'a [u8; 32],
     epoch: u32,
     step: u32,
-    i: usize,
-    momentum: &[Vec<f32>],
-    sent: &Payload,
-) -> Result<Comparison, EngineError> {
-    let (_, mut grads) = witness.member_gradients(seed, epoch, step, i as u32)?;
-    if cfg.witness_jitter > 0.0 {
-        jitter(&mut grads, cfg.witness_jitter, step ^ (i as u32) << 16);
+    member: usize,
+    momentum: &'a [Vec<f32>],
+    sent: &'a Payload,
+}
+
+impl Audited<'_> {
+    /// One witness's audit; its compute time is added to `secs`.
+    fn check(
+        &self,
+        witness: &mut Trainer,
+        cfg: &ArenaConfig,
+        secs: &mut f64,
+    ) -> Result<Comparison, EngineError> {
+        let t0 = Instant::now();
+        let (_, mut grads) =
+            witness.member_gradients(self.seed, self.epoch, self.step, self.member as u32)?;
+        if cfg.witness_jitter > 0.0 {
+            jitter(
+                &mut grads,
+                cfg.witness_jitter,
+                self.step ^ (self.member as u32) << 16,
+            );
+        }
+        let again = witness.compress_as(self.momentum, &grads)?;
+        *secs += t0.elapsed().as_secs_f64();
+        Ok(audit::compare(witness.layout(), self.sent, &again))
     }
-    let again = witness.compress_as(momentum, &grads)?;
-    Ok(audit::compare(witness.layout(), sent, &again))
 }
 
 /// Multiplies every value by (1 + u·scale), u uniform in [-1, 1].
