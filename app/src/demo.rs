@@ -135,6 +135,9 @@ pub async fn run(opts: Options) -> Result<Summary> {
             p2p_host: "127.0.0.1".into(),
             airdrop: LAMPORTS_PER_SOL,
             leave: false,
+            benchmark: None,
+            pause: Default::default(),
+            device: cohort_engine::backend::BackendChoice::Cpu,
         };
         tasks.spawn(async move {
             let report = move |pk: &Pubkey, p: Progress| {
@@ -151,6 +154,7 @@ pub async fn run(opts: Options) -> Result<Summary> {
                         of,
                         loss,
                         contributors,
+                        ..
                     } => {
                         bar.set_position((epoch * of + done) as u64);
                         bar.set_message(format!(

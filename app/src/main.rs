@@ -1,7 +1,7 @@
-//! `cohort`: the desktop app and headless node. For now a CLI whose `demo`
-//! runs the whole job-board lifecycle on an embedded chain.
+//! `cohort`: the desktop app, and the same binary headless: `demo`,
+//! `node`, `job`, `localnet`, `wallet`.
 
-use cohort_app::{demo, job, localnet_cmd, node, wallet};
+use cohort_app::{demo, gui, job, localnet_cmd, node, wallet};
 
 use anyhow::{Result, bail};
 
@@ -9,6 +9,7 @@ const USAGE: &str = "\
 Cohort: join decentralized AI training with one click.
 
 Usage:
+  cohort [app]                           the desktop app (Sandbox by default; `cohort app --help`)
   cohort demo [--nodes N] [--epochs N] [--steps N]
                                          train a job end to end on an embedded local chain
   cohort localnet [--port 8899]          serve a local chain as Solana JSON-RPC on 127.0.0.1
@@ -22,20 +23,23 @@ Usage:
 ";
 
 fn main() {
+    let started = std::time::Instant::now();
     // The embedded bank logs every instruction at debug level unless told otherwise.
     if std::env::var_os("RUST_LOG").is_none() {
         // SAFETY: no other thread exists yet, so nothing can read the environment concurrently.
         unsafe { std::env::set_var("RUST_LOG", "error") };
     }
-    if let Err(e) = run(std::env::args().skip(1).collect()) {
+    if let Err(e) = run(std::env::args().skip(1).collect(), started) {
         eprintln!("error: {e:#}");
         std::process::exit(1);
     }
 }
 
-fn run(args: Vec<String>) -> Result<()> {
+fn run(args: Vec<String>, started: std::time::Instant) -> Result<()> {
     match args.first().map(String::as_str) {
-        None | Some("--help") | Some("-h") | Some("help") => {
+        None => gui::main(&[], started),
+        Some("app") => gui::main(&args[1..], started),
+        Some("--help") | Some("-h") | Some("help") => {
             print!("{USAGE}");
             Ok(())
         }
@@ -81,8 +85,10 @@ mod tests {
 
     #[test]
     fn unknown_commands_are_clear_errors() {
-        let e = run(vec!["frobnicate".into()]).unwrap_err().to_string();
+        let e = run(vec!["frobnicate".into()], std::time::Instant::now())
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("unknown command `frobnicate`"), "{e}");
-        assert!(run(vec!["--version".into()]).is_ok());
+        assert!(run(vec!["--version".into()], std::time::Instant::now()).is_ok());
     }
 }

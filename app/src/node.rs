@@ -12,7 +12,7 @@
 use crate::chain::{Chain, sol};
 use crate::cli::{CHAIN_FLAGS, Flags, sol_to_lamports};
 use anyhow::{Context, Result, anyhow, bail};
-use cohort_engine::backend;
+use cohort_engine::backend::{self, BackendChoice};
 use cohort_engine::data::Corpus;
 use cohort_engine::ledger::ContributionLedger;
 use cohort_engine::model::ModelConfig;
@@ -31,6 +31,8 @@ use solana_sdk::signature::{Keypair, Signer};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 pub const USAGE: &str = "\
@@ -60,6 +62,15 @@ pub struct Options {
     pub airdrop: u64,
     /// After the job: deregister (the stake unlocks after the cooldown).
     pub leave: bool,
+    /// A benchmark attestation measured beforehand (the desktop app's);
+    /// `None` measures the CPU here.
+    pub benchmark: Option<Benchmark>,
+    /// While set, the node keeps applying steps but computes no gradients
+    /// (its owner wants the GPU back); those steps earn nothing.
+    pub pause: Arc<AtomicBool>,
+    /// The device gradients are computed on (applying is always the same
+    /// CPU code, so every member gets the same bits).
+    pub device: BackendChoice,
 }
 
 impl Options {
@@ -100,6 +111,9 @@ impl Options {
                 Some("yes") => true,
                 Some(v) => bail!("--leave takes yes or no, not `{v}`"),
             },
+            benchmark: None,
+            pause: Arc::default(),
+            device: BackendChoice::Cpu,
         })
     }
 }
@@ -128,6 +142,10 @@ struct Local {
     /// Epochs fully trained.
     trained: u32,
     points: BTreeMap<String, u64>,
+    /// The points table as each epoch ended: what that epoch's witnesses
+    /// attested, so a claim mid-job proves against the latest root.
+    #[serde(default)]
+    settled: BTreeMap<u32, BTreeMap<String, u64>>,
     model_hash: BTreeMap<u32, String>,
 }
 
@@ -150,15 +168,122 @@ impl Local {
         std::fs::rename(&tmp, &p).with_context(|| format!("writing {}", p.display()))
     }
     fn ledger(&self) -> Result<ContributionLedger> {
-        let mut l = ContributionLedger::default();
-        for (k, p) in &self.points {
-            l.credit(
-                Pubkey::from_str(k).map_err(|_| anyhow!("bad key in state"))?,
-                *p,
-            )?;
-        }
-        Ok(l)
+        ledger_of(&self.points)
     }
+}
+
+fn ledger_of(points: &BTreeMap<String, u64>) -> Result<ContributionLedger> {
+    let mut l = ContributionLedger::default();
+    for (k, p) in points {
+        l.credit(
+            Pubkey::from_str(k).map_err(|_| anyhow!("bad key in state"))?,
+            *p,
+        )?;
+    }
+    Ok(l)
+}
+
+/// A node's earnings on one job, from the chain and its own record.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Earnings {
+    /// Lamports earned in each trained epoch, by epoch index.
+    pub per_epoch: Vec<(u32, u64)>,
+    /// What a claim would pay now (attested epochs only).
+    pub claimable: u64,
+    pub claimed: u64,
+    pub epochs_finalized: u32,
+}
+
+/// What `me` has earned on `job`: each epoch's share from the points it
+/// ended with, and what the latest attested root lets it claim now.
+pub async fn earnings(chain: &Chain, me: &Pubkey, job: &Pubkey, data: &Path) -> Result<Earnings> {
+    let j: Job = chain.must(job, "job").await?;
+    let local = Local::load(&data.join(job.to_string()))?;
+    let key = me.to_string();
+    let mut out = Earnings {
+        epochs_finalized: j.epochs_finalized,
+        ..Default::default()
+    };
+    let mut before = 0;
+    for (e, table) in &local.settled {
+        let p = table.get(&key).copied().unwrap_or(0);
+        out.per_epoch
+            .push((*e, j.points_value(p.saturating_sub(before)).unwrap_or(0)));
+        before = p;
+    }
+    if let Some(m) = chain
+        .state::<Member>(&client::member_address(job, me))
+        .await?
+    {
+        out.claimed = m.claimed;
+        if let Some(table) = j
+            .epochs_finalized
+            .checked_sub(1)
+            .and_then(|e| local.settled.get(&e))
+        {
+            let p = table.get(&key).copied().unwrap_or(0);
+            out.claimable = j.points_value(p).unwrap_or(0).saturating_sub(m.claimed);
+        }
+    }
+    Ok(out)
+}
+
+/// Claims what the latest attested epoch owes `me` on `job`, while the
+/// job may still be running; the lamports paid.
+pub async fn claim_now(chain: &Chain, me: &Keypair, job: &Pubkey, data: &Path) -> Result<u64> {
+    let pk = me.pubkey();
+    let j: Job = chain.must(job, "job").await?;
+    let Some(last) = j.epochs_finalized.checked_sub(1) else {
+        bail!("nothing to claim yet: no epoch of this job has been attested");
+    };
+    let local = Local::load(&data.join(job.to_string()))?;
+    let table = local.settled.get(&last).with_context(|| {
+        format!("this machine did not train epoch {last}, so it cannot prove its points")
+    })?;
+    let ledger = ledger_of(table)?;
+    if ledger
+        .attestation(&cohort_program::ID, job, last, [0; 32])?
+        .root
+        != j.latest_root
+    {
+        bail!(
+            "this node's record of epoch {last} does not match the attested one; nothing claimed"
+        );
+    }
+    let (points, proof) = ledger.proof(&pk)?;
+    let member_addr = client::member_address(job, &pk);
+    let before: Member = chain.must(&member_addr, "membership").await?;
+    let owed = j.points_value(points).context("points overflow")?;
+    if owed <= before.claimed {
+        bail!("nothing to claim: everything attested so far is paid");
+    }
+    chain
+        .send("claim", &[client::claim(&pk, job, points, proof)], me, &[])
+        .await?;
+    let after: Member = chain.must(&member_addr, "membership").await?;
+    Ok(after.claimed - before.claimed)
+}
+
+/// Stops being a member of `job` (the last member's owner is needed to
+/// keep indices dense). What was earned stays claimable.
+pub async fn leave(chain: &Chain, me: &Keypair, job: &Pubkey) -> Result<()> {
+    let pk = me.pubkey();
+    let j: Job = chain.must(job, "job").await?;
+    let last_index = j
+        .member_count
+        .checked_sub(1)
+        .context("the job has no members")?;
+    let mut last = None;
+    for (_, m) in chain.all::<Member>().await? {
+        if m.job == *job && m.index == last_index && m.status == MemberStatus::Active {
+            last = Some(m.node);
+        }
+    }
+    let last = last.context("cannot find the job's last member")?;
+    chain
+        .send("leave_job", &[client::leave_job(&pk, job, &last)], me, &[])
+        .await?;
+    Ok(())
 }
 
 pub async fn main(args: &[String]) -> Result<()> {
@@ -201,6 +326,9 @@ pub enum Progress<'a> {
         of: u32,
         loss: f32,
         contributors: usize,
+        /// Seconds of this step spent computing and on the network.
+        compute: f64,
+        comm: f64,
     },
 }
 
@@ -218,6 +346,7 @@ pub fn print_report(me: &Pubkey, p: Progress) {
             of,
             loss,
             contributors,
+            ..
         } => {
             if done % of.div_ceil(4).max(1) == 0 || done == of {
                 println!(
@@ -246,13 +375,7 @@ pub fn benchmark(me: &Keypair, gflops: f64) -> Benchmark {
         "cpu ({} threads)",
         std::thread::available_parallelism().map_or(1, |n| n.get())
     ));
-    let mut msg = b"cohort-benchmark-v1".to_vec();
-    msg.extend_from_slice(&b.device);
-    msg.push(b.backend);
-    for v in [b.fp32_gflops, b.fp16_gflops, b.mem_bw_gbps, b.vram_mib] {
-        msg.extend_from_slice(&v.to_le_bytes());
-    }
-    b.signature = me.sign_message(&msg).into();
+    crate::benchmark::sign(me, &mut b);
     b
 }
 
@@ -271,11 +394,16 @@ pub async fn run_with(
         chain.airdrop(&pk, o.airdrop).await?;
     }
     // 1. Benchmark.
-    let gflops = tokio::task::spawn_blocking(|| {
-        cohort_engine::probe::cpu_fp32_gflops(Duration::from_millis(300))
-    })
-    .await?;
-    let bench = benchmark(me, gflops);
+    let bench = match o.benchmark {
+        Some(b) => b,
+        None => {
+            let gflops = tokio::task::spawn_blocking(|| {
+                cohort_engine::probe::cpu_fp32_gflops(Duration::from_millis(300))
+            })
+            .await?;
+            benchmark(me, gflops)
+        }
+    };
     say(
         report,
         &pk,
@@ -443,6 +571,7 @@ pub async fn run_with(
             .await?;
             out.losses.push(loss);
             local.trained = e + 1;
+            local.settled.insert(e, local.points.clone());
             local.model_hash.insert(e, hex(&hash));
             local.save(&dir)?;
             out.epochs_trained += 1;
@@ -652,6 +781,7 @@ async fn train_epoch(
         min_peers: 0,
         epoch_start: Some(e * spe),
         backfill_from: Some(e * spe),
+        pause: o.pause.clone(),
     };
     say(
         report,
@@ -667,13 +797,21 @@ async fn train_epoch(
     let mut last_loss = f32::NAN;
     let mut failure = None;
     let corpus = corpus.clone();
-    p2p::run(cfg, corpus, backend::cpu(), |ev| match ev {
+    let engine = match o.device {
+        BackendChoice::Cpu => backend::cpu(),
+        choice => {
+            let s = backend::select(choice).map_err(|e| anyhow!("training device: {e}"))?;
+            say(report, &pk, &s.reason);
+            s.engine
+        }
+    };
+    p2p::run(cfg, corpus, engine, |ev| match ev {
         NodeEvent::Applied {
             step,
             model_hash,
             contributors,
             loss,
-            ..
+            times,
         } => {
             last_hash = Some(*model_hash);
             last_loss = *loss;
@@ -690,6 +828,8 @@ async fn train_epoch(
                     of: spe,
                     loss: *loss,
                     contributors: contributors.len(),
+                    compute: times.compute,
+                    comm: times.comm + times.wait,
                 },
             );
         }

@@ -3,6 +3,7 @@
 //! `docs/bench/<name>.json` and `docs/benchmarks.md`.
 
 mod adversary;
+mod app;
 mod args;
 mod chain;
 mod convergence;
@@ -11,7 +12,7 @@ mod engine;
 mod report;
 mod simulate;
 
-const USAGE: &str = "usage: cohort-bench <convergence|engine|efficiency|simulate|chain|adversary|peer> [--flag value ...]
+const USAGE: &str = "usage: cohort-bench <convergence|engine|efficiency|simulate|chain|adversary|app|peer> [--flag value ...]
 
   convergence  dense AdamW vs dense sign-SGD vs Cohort compressed, same tokens
                flags: --steps --members --arch --batch --topk --lr-adamw --lr-sign --lr-cohort --eval-windows
@@ -25,6 +26,8 @@ const USAGE: &str = "usage: cohort-bench <convergence|engine|efficiency|simulate
                flags: --sizes 3,30,300 --epochs 3
   adversary    honest run vs 20/33/45% attackers of every mode, defences on and off
                flags: --members 9 --steps 40 --epoch 10 --fractions 0.2,0.33,0.45 --modes all --undefended yes
+  app          the desktop app's cold start vs an empty window, and frame time while training
+               (needs a display: xvfb-run -a); flags: --launches 5
   peer         one member process (what `efficiency` spawns); see --help
 ";
 
@@ -42,6 +45,7 @@ fn main() {
         Some("simulate") => simulate::run(&args[1..]),
         Some("chain") => chain::run(&args[1..]),
         Some("adversary") => adversary::run(&args[1..]),
+        Some("app") => app::run(&args[1..]),
         Some("peer") => std::process::exit(cohort_engine::net::peer::main(&args[1..])),
         Some("-h") | Some("--help") | None => {
             print!("{USAGE}");

@@ -22,6 +22,7 @@ use libp2p::{Multiaddr, PeerId, Swarm};
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc as std_mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc;
@@ -65,6 +66,10 @@ pub struct NodeConfig {
     /// a restarted member learns who contributed while it was away, so its
     /// points table still matches the one witnesses attest.
     pub backfill_from: Option<u32>,
+    /// While set, this member computes no gradients (its owner wants the
+    /// device back) but keeps applying every step, so it stays in sync and
+    /// can resume at once. Steps it skipped earn it nothing.
+    pub pause: Arc<AtomicBool>,
 }
 
 /// Where each step's time went on this node.
@@ -292,6 +297,15 @@ fn train_loop(
     };
     loop {
         while trainer.step() < cfg.steps {
+            if next_compute < cfg.steps
+                && next_compute <= trainer.step() + 1
+                && cfg.pause.load(Ordering::Relaxed)
+            {
+                // Skipped, not postponed: a contribution for a step already
+                // being exchanged would only arrive late.
+                next_compute += 1;
+                continue;
+            }
             if next_compute < cfg.steps && next_compute <= trainer.step() + 1 {
                 let (c, stats) = trainer
                     .compute_step(&cfg.seed, cfg.epoch, next_compute)

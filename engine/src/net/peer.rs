@@ -136,6 +136,7 @@ fn parse(args: &[String]) -> Result<(NodeConfig, BackendChoice), String> {
             // One run is one epoch: peers keep its manifests for backfills.
             epoch_start: Some(0),
             backfill_from,
+            pause: Default::default(),
         },
         backend,
     ))

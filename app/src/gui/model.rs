@@ -1,0 +1,205 @@
+//! What the views render: the worker's events folded into one state. Only
+//! [`Model::apply`] changes it; views read it and queue commands.
+
+use super::worker::{Event, HistoryEntry, JobRow, NodeUpdate};
+use crate::benchmark::Report;
+use crate::node::Earnings;
+use cohort_program::state::Benchmark;
+use solana_sdk::pubkey::Pubkey;
+use std::collections::VecDeque;
+use std::time::Instant;
+use zeroize::Zeroizing;
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Notice {
+    Error(String),
+    Info(String),
+}
+
+#[derive(Default)]
+pub struct Training {
+    pub job: Option<Pubkey>,
+    pub epoch: u32,
+    pub done: u32,
+    pub of: u32,
+    pub steps_applied: u32,
+    /// (global step, loss)
+    pub loss: Vec<[f64; 2]>,
+    pub compute: f64,
+    pub comm: f64,
+    pub contributors: usize,
+    pub paused: bool,
+    pub lines: VecDeque<String>,
+    pub finished: Option<Result<String, String>>,
+}
+
+impl Training {
+    /// One line for the state the node is in.
+    pub fn status(&self) -> String {
+        match (&self.finished, self.job) {
+            (Some(Ok(m)), _) => format!("Finished: {m}"),
+            (Some(Err(e)), _) => format!("Stopped: {e}"),
+            (None, None) => "Not training".into(),
+            (None, Some(_)) if self.paused => "Paused: applying updates, computing nothing".into(),
+            (None, Some(_)) if self.of == 0 => "Joining: waiting for the job to start".into(),
+            (None, Some(_)) => format!("Training epoch {}", self.epoch + 1),
+        }
+    }
+}
+
+pub struct Model {
+    pub network: String,
+    pub network_state: Option<Result<(), String>>,
+    pub keystore_exists: Option<bool>,
+    /// A new phrase, shown once until the wallet is saved.
+    pub phrase: Option<Zeroizing<String>>,
+    pub address: Option<String>,
+    pub recovered: bool,
+    pub balance: Option<u64>,
+    pub history: Vec<HistoryEntry>,
+    /// A transfer awaiting confirmation: (to, lamports, fee).
+    pub quote: Option<(Pubkey, u64, u64)>,
+    pub benchmarking: bool,
+    pub bench: Option<(Box<Report>, Benchmark)>,
+    pub jobs: Vec<JobRow>,
+    pub training: Training,
+    pub earnings: Option<Earnings>,
+    /// (seconds since start, SOL earned so far: claimed + claimable)
+    pub earned_series: Vec<[f64; 2]>,
+    pub notice: Option<Notice>,
+    /// Work the UI asked for and is waiting on (shown with a spinner).
+    pub pending: Option<String>,
+    pub started: Instant,
+}
+
+impl Default for Model {
+    fn default() -> Self {
+        Self {
+            network: String::new(),
+            network_state: None,
+            keystore_exists: None,
+            phrase: None,
+            address: None,
+            recovered: false,
+            balance: None,
+            history: Vec::new(),
+            quote: None,
+            benchmarking: false,
+            bench: None,
+            jobs: Vec::new(),
+            training: Training::default(),
+            earnings: None,
+            earned_series: Vec::new(),
+            notice: None,
+            pending: None,
+            started: Instant::now(),
+        }
+    }
+}
+
+impl Model {
+    pub fn apply(&mut self, ev: Event) {
+        match ev {
+            Event::Network { label, ready } => {
+                self.network = label;
+                self.network_state = Some(ready);
+            }
+            Event::Keystore { exists } => self.keystore_exists = Some(exists),
+            Event::Phrase(p) => {
+                self.phrase = Some(p);
+                self.pending = None;
+            }
+            Event::Unlocked { address, recovered } => {
+                self.address = Some(address);
+                self.recovered = recovered;
+                self.phrase = None;
+                self.keystore_exists = Some(true);
+                self.pending = None;
+                if recovered {
+                    self.notice = Some(Notice::Info(
+                        "The wallet file was damaged; the backup copy was used and restored".into(),
+                    ));
+                }
+            }
+            Event::Balance(b) => self.balance = Some(b),
+            Event::History(h) => self.history = h,
+            Event::Fee { to, lamports, fee } => {
+                self.quote = Some((to, lamports, fee));
+                self.pending = None;
+            }
+            Event::Sent => {
+                self.quote = None;
+                self.pending = None;
+            }
+            Event::Benchmarking => self.benchmarking = true,
+            Event::Benchmark(r, att) => {
+                self.benchmarking = false;
+                self.bench = Some((r, att));
+            }
+            Event::Jobs(j) => self.jobs = j,
+            Event::Joined { job } => {
+                self.training = Training {
+                    job: Some(job),
+                    ..Default::default()
+                };
+                self.pending = None;
+            }
+            Event::Node(u) => self.node(u),
+            Event::Paused(p) => self.training.paused = p,
+            Event::Earnings(e) => {
+                let total = (e.claimed + e.claimable) as f64 / 1e9;
+                let t = self.started.elapsed().as_secs_f64();
+                if self.earned_series.last().is_none_or(|l| l[1] != total) {
+                    self.earned_series.push([t, total]);
+                }
+                self.earnings = Some(e);
+            }
+            Event::Error(e) => {
+                self.notice = Some(Notice::Error(e));
+                self.pending = None;
+                self.benchmarking = false;
+            }
+            Event::Info(i) => {
+                self.notice = Some(Notice::Info(i));
+                self.pending = None;
+            }
+        }
+    }
+
+    fn node(&mut self, u: NodeUpdate) {
+        let t = &mut self.training;
+        match u {
+            NodeUpdate::Line(l) => {
+                t.lines.push_back(l);
+                while t.lines.len() > 8 {
+                    t.lines.pop_front();
+                }
+            }
+            NodeUpdate::Step {
+                epoch,
+                done,
+                of,
+                loss,
+                contributors,
+                compute,
+                comm,
+            } => {
+                t.epoch = epoch;
+                t.done = done;
+                t.of = of;
+                t.steps_applied += 1;
+                t.loss.push([(epoch * of + done) as f64, loss as f64]);
+                t.compute = compute;
+                t.comm = comm;
+                t.contributors = contributors;
+            }
+            NodeUpdate::Finished(r) => t.finished = Some(r),
+        }
+    }
+
+    /// The job being trained, as the board last saw it.
+    pub fn training_job(&self) -> Option<&JobRow> {
+        let k = self.training.job?;
+        self.jobs.iter().find(|r| r.address == k)
+    }
+}

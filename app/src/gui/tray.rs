@@ -1,0 +1,203 @@
+//! The tray icon: Pause, Resume, Quit. `ksni` (StatusNotifierItem over
+//! D-Bus, pure Rust) on Linux; `tray-icon` on Windows and macOS, whose
+//! Linux backend would need GTK headers to build.
+
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, Sender, channel};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    Pause,
+    Resume,
+    Quit,
+}
+
+/// The app's end: actions chosen in the tray menu.
+pub struct Tray {
+    pub actions: Receiver<Action>,
+    #[cfg(not(target_os = "linux"))]
+    _icon: Option<tray_icon::TrayIcon>,
+}
+
+impl Tray {
+    pub fn poll(&self) -> Option<Action> {
+        #[cfg(not(target_os = "linux"))]
+        if let Ok(ev) = tray_icon::menu::MenuEvent::receiver().try_recv() {
+            return match ev.id().0.as_str() {
+                "pause" => Some(Action::Pause),
+                "resume" => Some(Action::Resume),
+                "quit" => Some(Action::Quit),
+                _ => None,
+            };
+        }
+        self.actions.try_recv().ok()
+    }
+}
+
+/// A 32×32 icon: the app mark (three linked dots on a violet disc), as
+/// RGBA rows.
+pub fn icon_rgba(size: u32) -> Vec<u8> {
+    let mut px = vec![0u8; (size * size * 4) as usize];
+    let c = size as f32 / 2.0;
+    let dots = [(0.5, 0.28), (0.28, 0.66), (0.72, 0.66)];
+    for y in 0..size {
+        for x in 0..size {
+            let (fx, fy) = (x as f32 + 0.5, y as f32 + 0.5);
+            let i = ((y * size + x) * 4) as usize;
+            let r = ((fx - c).powi(2) + (fy - c).powi(2)).sqrt();
+            if r <= c - 0.5 {
+                px[i..i + 4].copy_from_slice(&[98, 70, 234, 255]);
+            }
+            for (dx, dy) in dots {
+                let d = ((fx - dx * size as f32).powi(2) + (fy - dy * size as f32).powi(2)).sqrt();
+                if d <= size as f32 * 0.11 {
+                    px[i..i + 4].copy_from_slice(&[255, 255, 255, 255]);
+                }
+            }
+        }
+    }
+    px
+}
+
+/// Starts the tray; `None` (with the reason logged) where the desktop has
+/// no tray, which never stops the app.
+pub fn start(repaint: Arc<dyn Fn() + Send + Sync>) -> Option<Tray> {
+    let (tx, rx) = channel();
+    let started = platform::start(tx, repaint);
+    if let Err(e) = &started {
+        eprintln!("tray: not shown ({e})");
+    }
+    #[cfg(target_os = "linux")]
+    return started.ok().map(|()| Tray { actions: rx });
+    #[cfg(not(target_os = "linux"))]
+    return started.ok().map(|icon| Tray {
+        actions: rx,
+        _icon: icon,
+    });
+}
+
+#[cfg(target_os = "linux")]
+mod platform {
+    use super::{Action, Sender, icon_rgba};
+    use ksni::TrayMethods;
+    use std::sync::Arc;
+
+    struct Item {
+        tx: Sender<Action>,
+        repaint: Arc<dyn Fn() + Send + Sync>,
+    }
+
+    impl Item {
+        fn act(&self, a: Action) {
+            let _ = self.tx.send(a);
+            (self.repaint)();
+        }
+    }
+
+    impl ksni::Tray for Item {
+        fn id(&self) -> String {
+            "cohort".into()
+        }
+        fn title(&self) -> String {
+            "Cohort".into()
+        }
+        fn icon_pixmap(&self) -> Vec<ksni::Icon> {
+            // ksni wants ARGB in network order.
+            let mut data = icon_rgba(32);
+            for p in data.chunks_exact_mut(4) {
+                p.rotate_right(1);
+            }
+            vec![ksni::Icon {
+                width: 32,
+                height: 32,
+                data,
+            }]
+        }
+        fn menu(&self) -> Vec<ksni::MenuItem<Self>> {
+            let item = |label: &str, a: Action| {
+                ksni::menu::StandardItem {
+                    label: label.into(),
+                    activate: Box::new(move |t: &mut Self| t.act(a)),
+                    ..Default::default()
+                }
+                .into()
+            };
+            vec![
+                item("Pause training", Action::Pause),
+                item("Resume training", Action::Resume),
+                ksni::MenuItem::Separator,
+                item("Quit Cohort", Action::Quit),
+            ]
+        }
+    }
+
+    /// Runs the D-Bus service on a small thread of its own.
+    pub fn start(tx: Sender<Action>, repaint: Arc<dyn Fn() + Send + Sync>) -> Result<(), String> {
+        if std::env::var_os("DBUS_SESSION_BUS_ADDRESS").is_none() {
+            return Err("no D-Bus session bus".into());
+        }
+        let (ok_tx, ok_rx) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name("cohort-tray".into())
+            .spawn(move || {
+                let rt = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        let _ = ok_tx.send(Err(e.to_string()));
+                        return;
+                    }
+                };
+                rt.block_on(async move {
+                    match (Item { tx, repaint }).spawn().await {
+                        Ok(handle) => {
+                            let _ = ok_tx.send(Ok(()));
+                            // The service lives as long as its handle.
+                            std::future::pending::<()>().await;
+                            drop(handle);
+                        }
+                        Err(e) => {
+                            let _ = ok_tx.send(Err(e.to_string()));
+                        }
+                    }
+                });
+            })
+            .map_err(|e| e.to_string())?;
+        ok_rx
+            .recv_timeout(std::time::Duration::from_secs(3))
+            .map_err(|_| "the tray service did not answer".to_string())?
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+mod platform {
+    use super::{Action, Sender, icon_rgba};
+    use std::sync::Arc;
+    use tray_icon::menu::{Menu, MenuItem};
+
+    /// Menu events arrive on tray-icon's own channel, polled each frame.
+    pub fn start(
+        _tx: Sender<Action>,
+        _repaint: Arc<dyn Fn() + Send + Sync>,
+    ) -> Result<Option<tray_icon::TrayIcon>, String> {
+        let menu = Menu::new();
+        let items = [
+            MenuItem::with_id("pause", "Pause training", true, None),
+            MenuItem::with_id("resume", "Resume training", true, None),
+            MenuItem::with_id("quit", "Quit Cohort", true, None),
+        ];
+        for i in &items {
+            menu.append(i).map_err(|e| e.to_string())?;
+        }
+        let icon = tray_icon::Icon::from_rgba(icon_rgba(32), 32, 32).map_err(|e| e.to_string())?;
+        let tray = tray_icon::TrayIconBuilder::new()
+            .with_menu(Box::new(menu))
+            .with_tooltip("Cohort")
+            .with_icon(icon)
+            .build()
+            .map_err(|e| e.to_string())?;
+        Ok(Some(tray))
+    }
+}

@@ -1,0 +1,79 @@
+//! Settings: network, data folder, training device, memory cap. Saved to
+//! the data folder; secrets never are.
+
+use super::{Out, field, heading};
+use crate::gui::model::Model;
+use crate::gui::settings::{Gpu, Network, Settings};
+use crate::gui::worker::Command;
+use eframe::egui;
+use std::path::PathBuf;
+
+pub struct Form {
+    pub draft: Settings,
+    pub data_dir: String,
+}
+
+impl Form {
+    pub fn new(s: &Settings) -> Self {
+        Self {
+            draft: s.clone(),
+            data_dir: s.data_dir.display().to_string(),
+        }
+    }
+}
+
+pub fn show(ui: &mut egui::Ui, model: &Model, f: &mut Form, out: &mut Out) {
+    heading(ui, "Settings");
+    let d = &mut f.draft;
+    ui.horizontal(|ui| {
+        ui.add_sized([150.0, 20.0], egui::Label::new("Network"));
+        egui::ComboBox::from_id_salt("network")
+            .selected_text(d.network.label())
+            .show_ui(ui, |ui| {
+                for n in Network::ALL {
+                    ui.selectable_value(&mut d.network, n, n.label());
+                }
+            });
+    });
+    if let Some(url) = d.network.url() {
+        ui.weak(format!("RPC {url}"));
+    }
+    if d.network == Network::Custom {
+        field(ui, "RPC URL", &mut d.custom_url, false);
+        field(ui, "Program id", &mut d.program_id, false);
+    }
+    if d.network == Network::Sandbox {
+        ui.weak(
+            "A chain, a demo job and two peers, all on this computer. Nothing real is at stake.",
+        );
+    }
+    field(ui, "Data folder", &mut f.data_dir, false);
+    ui.horizontal(|ui| {
+        ui.add_sized([150.0, 20.0], egui::Label::new("Training device"));
+        egui::ComboBox::from_id_salt("gpu")
+            .selected_text(d.gpu.label())
+            .show_ui(ui, |ui| {
+                for g in Gpu::ALL {
+                    ui.selectable_value(&mut d.gpu, g, g.label());
+                }
+            });
+    });
+    ui.horizontal(|ui| {
+        ui.add_sized([150.0, 20.0], egui::Label::new("Memory cap (MiB)"));
+        ui.add(egui::DragValue::new(&mut d.memory_cap_mib).range(0..=1_048_576));
+        ui.weak("0 = no cap");
+    });
+    ui.add_space(8.0);
+    if ui.button("Save settings").clicked() {
+        d.data_dir = PathBuf::from(f.data_dir.trim());
+        out.push(Command::ApplySettings(d.clone()));
+    }
+    ui.separator();
+    match &model.network_state {
+        Some(Ok(())) => ui.label(format!("Connected to {}", model.network)),
+        Some(Err(e)) => {
+            ui.colored_label(egui::Color32::LIGHT_RED, format!("{}: {e}", model.network))
+        }
+        None => ui.label("Connecting…"),
+    };
+}
