@@ -57,6 +57,15 @@ pub const REFERENCES: &[(&str, f64, f64)] = &[
 ];
 
 impl Report {
+    /// A report of this machine's CPU alone, measured at `gflops`.
+    pub fn cpu(gflops: f64) -> Self {
+        Self {
+            cpu_threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            cpu_fp32_gflops: gflops,
+            ..Default::default()
+        }
+    }
+
     /// The device training will use, as (backend, name, fp32 GFLOPS, fp16
     /// GFLOPS, bandwidth GB/s, VRAM MiB): the fastest hardware GPU, else the
     /// CPU. Software adapters are shown but never trained on.
@@ -91,12 +100,10 @@ impl Report {
 pub fn run(budget: Duration) -> Report {
     let t0 = Instant::now();
     let mut r = Report {
-        cpu_threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
-        cpu_fp32_gflops: cohort_engine::probe::cpu_fp32_gflops(budget),
         cuda: Some(cohort_engine::backend::cuda_probe()),
-        ..Default::default()
+        ..Report::cpu(cohort_engine::probe::cpu_fp32_gflops(budget))
     };
-    for adapter in adapters() {
+    for adapter in cohort_engine::backend::wgpu_adapter_handles() {
         let view = view_of(&adapter.get_info());
         r.adapters.push(view.clone());
         match measure(&adapter, view.clone(), budget) {
@@ -137,7 +144,7 @@ pub fn signed_message(b: &Benchmark) -> Vec<u8> {
     msg
 }
 
-pub fn sign(me: &Keypair, b: &mut Benchmark) {
+fn sign(me: &Keypair, b: &mut Benchmark) {
     b.signature = me.sign_message(&signed_message(b)).into();
 }
 
@@ -156,24 +163,6 @@ fn view_of(i: &wgpu::AdapterInfo) -> AdapterView {
         driver: format!("{} {}", i.driver, i.driver_info).trim().to_string(),
         software: i.device_type == wgpu::DeviceType::Cpu,
     }
-}
-
-fn adapters() -> Vec<wgpu::Adapter> {
-    let backends = if cfg!(target_os = "macos") {
-        wgpu::Backends::METAL
-    } else {
-        wgpu::Backends::VULKAN | wgpu::Backends::DX12
-    };
-    let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
-        backends,
-        ..wgpu::InstanceDescriptor::new_without_display_handle()
-    });
-    pollster_block(instance.enumerate_adapters(backends))
-}
-
-/// Blocks on a wgpu future (native wgpu futures resolve on poll).
-fn pollster_block<F: std::future::Future>(f: F) -> F::Output {
-    pollster::block_on(f)
 }
 
 const MATMUL: &str = r#"
@@ -330,7 +319,7 @@ fn measure(
     } else {
         wgpu::Features::empty()
     };
-    let (device, queue) = pollster_block(adapter.request_device(&wgpu::DeviceDescriptor {
+    let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
         label: Some("cohort benchmark"),
         required_features,
         required_limits: wgpu::Limits::default(),

@@ -126,19 +126,7 @@ pub async fn run(opts: Options) -> Result<Summary> {
         let lines = bars.clone();
         let chain = Chain::new(embedded.client(), "embedded chain");
         let me = Keypair::new();
-        let o = node::Options {
-            job: Some(job),
-            price: LAMPORTS_PER_SOL / 1000,
-            stake: LAMPORTS_PER_SOL / 100,
-            data: data.join(format!("node{i}")),
-            p2p_port: base,
-            p2p_host: "127.0.0.1".into(),
-            airdrop: LAMPORTS_PER_SOL,
-            leave: false,
-            benchmark: None,
-            pause: Default::default(),
-            device: cohort_engine::backend::BackendChoice::Cpu,
-        };
+        let o = node::Options::local(job, base, data.join(format!("node{i}")));
         tasks.spawn(async move {
             let report = move |pk: &Pubkey, p: Progress| {
                 if !tty {
@@ -148,14 +136,14 @@ pub async fn run(opts: Options) -> Result<Summary> {
                     Progress::Line(l) => {
                         let _ = lines.println(format!("[node {i}] {l}"));
                     }
-                    Progress::Step {
+                    Progress::Step(node::StepProgress {
                         epoch,
                         done,
                         of,
                         loss,
                         contributors,
                         ..
-                    } => {
+                    }) => {
                         bar.set_position((epoch * of + done) as u64);
                         bar.set_message(format!(
                             "epoch {epoch}, loss {loss:.3}, {contributors} contributors"

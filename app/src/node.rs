@@ -24,7 +24,7 @@ use cohort_engine::trainer::TrainConfig;
 use cohort_program::client;
 use cohort_program::instruction::NodeTerms;
 use cohort_program::schedule::Committee;
-use cohort_program::state::{Backend, Benchmark, Epoch, Job, JobState, Member, MemberStatus, Node};
+use cohort_program::state::{Benchmark, Epoch, Job, JobState, Member, MemberStatus, Node};
 use serde::{Deserialize, Serialize};
 use solana_sdk::pubkey::Pubkey;
 use solana_sdk::signature::{Keypair, Signer};
@@ -81,6 +81,25 @@ impl Options {
             available_from: 0,
             available_until: i64::MAX,
             benchmark: bench,
+        }
+    }
+
+    /// A node on a local chain for `job`, as the demo and the Sandbox run
+    /// them in-process: funded from the faucet, asking 0.001 SOL per epoch,
+    /// staking 0.01 SOL, training on the CPU over 127.0.0.1.
+    pub fn local(job: Pubkey, p2p_port: u16, data: PathBuf) -> Self {
+        Self {
+            job: Some(job),
+            price: crate::chain::LAMPORTS_PER_SOL / 1000,
+            stake: crate::chain::LAMPORTS_PER_SOL / 100,
+            data,
+            p2p_port,
+            p2p_host: "127.0.0.1".into(),
+            airdrop: crate::chain::LAMPORTS_PER_SOL,
+            leave: false,
+            benchmark: None,
+            pause: Arc::default(),
+            device: BackendChoice::Cpu,
         }
     }
 
@@ -251,17 +270,38 @@ pub async fn claim_now(chain: &Chain, me: &Keypair, job: &Pubkey, data: &Path) -
         );
     }
     let (points, proof) = ledger.proof(&pk)?;
-    let member_addr = client::member_address(job, &pk);
-    let before: Member = chain.must(&member_addr, "membership").await?;
-    let owed = j.points_value(points).context("points overflow")?;
-    if owed <= before.claimed {
-        bail!("nothing to claim: everything attested so far is paid");
+    let m: Member = chain
+        .must(&client::member_address(job, &pk), "membership")
+        .await?;
+    match send_claim(chain, me, job, &j, m.claimed, points, proof).await? {
+        0 => bail!("nothing to claim: everything attested so far is paid"),
+        paid => Ok(paid),
     }
+}
+
+/// Claims `points` (proved by `proof`) if they are worth more than the
+/// `claimed` already paid; the lamports paid, 0 when nothing is owed.
+async fn send_claim(
+    chain: &Chain,
+    me: &Keypair,
+    job: &Pubkey,
+    j: &Job,
+    claimed: u64,
+    points: u64,
+    proof: Vec<cohort_program::merkle::Hash32>,
+) -> Result<u64> {
+    let owed = j.points_value(points).context("points overflow")?;
+    if owed <= claimed {
+        return Ok(0);
+    }
+    let pk = me.pubkey();
     chain
         .send("claim", &[client::claim(&pk, job, points, proof)], me, &[])
         .await?;
-    let after: Member = chain.must(&member_addr, "membership").await?;
-    Ok(after.claimed - before.claimed)
+    let after: Member = chain
+        .must(&client::member_address(job, &pk), "membership")
+        .await?;
+    Ok(after.claimed - claimed)
 }
 
 /// Stops being a member of `job` (the last member's owner is needed to
@@ -316,20 +356,25 @@ pub async fn main(args: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// One applied step, as a node reports it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepProgress {
+    pub epoch: u32,
+    /// Steps of the epoch applied so far, of `of`.
+    pub done: u32,
+    pub of: u32,
+    pub loss: f32,
+    pub contributors: usize,
+    /// Seconds of this step spent computing and on the network.
+    pub compute: f64,
+    pub comm: f64,
+}
+
 /// What a node reports as it goes: lines for people, step ticks for bars.
 #[derive(Debug, Clone, Copy)]
 pub enum Progress<'a> {
     Line(&'a str),
-    Step {
-        epoch: u32,
-        done: u32,
-        of: u32,
-        loss: f32,
-        contributors: usize,
-        /// Seconds of this step spent computing and on the network.
-        compute: f64,
-        comm: f64,
-    },
+    Step(StepProgress),
 }
 
 /// Where progress goes: stdout for `cohort node`, bars for the demo.
@@ -340,14 +385,14 @@ pub fn print_report(me: &Pubkey, p: Progress) {
     let who = &me.to_string()[..6];
     match p {
         Progress::Line(l) => println!("[node {who}] {l}"),
-        Progress::Step {
+        Progress::Step(StepProgress {
             epoch,
             done,
             of,
             loss,
             contributors,
             ..
-        } => {
+        }) => {
             if done % of.div_ceil(4).max(1) == 0 || done == of {
                 println!(
                     "[node {who}] epoch {epoch} step {done}/{of}: loss {loss:.3}, {contributors} contributors"
@@ -365,18 +410,7 @@ fn say(report: Report, me: &Pubkey, line: impl AsRef<str>) {
 /// its exact bytes (the signature field zeroed), so anyone can check who
 /// claimed these figures.
 pub fn benchmark(me: &Keypair, gflops: f64) -> Benchmark {
-    let mut b = Benchmark {
-        backend: Backend::Cpu as u8,
-        fp32_gflops: gflops.round().max(1.0) as u32,
-        version: 1,
-        ..Default::default()
-    };
-    b.set_device_name(&format!(
-        "cpu ({} threads)",
-        std::thread::available_parallelism().map_or(1, |n| n.get())
-    ));
-    crate::benchmark::sign(me, &mut b);
-    b
+    crate::benchmark::attest(me, &crate::benchmark::Report::cpu(gflops))
 }
 
 pub async fn run(chain: &Chain, me: &Keypair, o: &Options) -> Result<Outcome> {
@@ -632,13 +666,8 @@ pub async fn run_with(
         .collect::<Result<_>>()?;
     if let Some(m) = chain.state::<Member>(&member_addr).await? {
         let j: Job = chain.must(&job, "job").await?;
-        let owed = j.points_value(points).context("points overflow")?;
-        if m.claimed < owed {
-            chain
-                .send("claim", &[client::claim(&pk, &job, points, proof)], me, &[])
-                .await?;
-            let after: Member = chain.must(&member_addr, "membership").await?;
-            out.claimed = after.claimed - m.claimed;
+        out.claimed = send_claim(chain, me, &job, &j, m.claimed, points, proof).await?;
+        if out.claimed > 0 {
             say(
                 report,
                 &pk,
@@ -822,7 +851,7 @@ async fn train_epoch(
             }
             report(
                 &pk,
-                Progress::Step {
+                Progress::Step(StepProgress {
                     epoch: e,
                     done: step + 1 - e * spe,
                     of: spe,
@@ -830,7 +859,7 @@ async fn train_epoch(
                     contributors: contributors.len(),
                     compute: times.compute,
                     comm: times.comm + times.wait,
-                },
+                }),
             );
         }
         NodeEvent::Backfilled { step, contributors }

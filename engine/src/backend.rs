@@ -170,6 +170,15 @@ pub fn cpu() -> Box<dyn GradientEngine> {
 /// Hardware adapters wgpu can see (software rasterizers such as lavapipe
 /// included, reported with their device type).
 pub fn wgpu_adapters() -> Vec<wgpu::AdapterInfo> {
+    wgpu_adapter_handles()
+        .into_iter()
+        .map(|a| a.get_info())
+        .collect()
+}
+
+/// The same adapters, opened: what a benchmark measures is what training
+/// may pick.
+pub fn wgpu_adapter_handles() -> Vec<wgpu::Adapter> {
     let backends = if cfg!(target_os = "macos") {
         wgpu::Backends::METAL
     } else {
@@ -180,9 +189,6 @@ pub fn wgpu_adapters() -> Vec<wgpu::AdapterInfo> {
         ..wgpu::InstanceDescriptor::new_without_display_handle()
     });
     burn::tensor::read_sync(instance.enumerate_adapters(backends))
-        .into_iter()
-        .map(|a| a.get_info())
-        .collect()
 }
 
 /// The CUDA device 0's name, or why there is none. Never panics: the driver

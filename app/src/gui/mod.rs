@@ -104,13 +104,7 @@ impl CohortApp {
         if self.frames == 2
             && let Some((start, report)) = self.first_frame.take()
         {
-            // The second frame starts once the first has been presented.
-            let ms = start.elapsed().as_secs_f64() * 1e3;
-            println!("first frame after {ms:.0} ms");
-            if let Some(p) = report {
-                let _ = std::fs::write(p, format!("{ms:.1}\n"));
-            }
-            ui.ctx().send_viewport_cmd(egui::ViewportCommand::Close);
+            first_frame_done(ui.ctx(), start, report.as_deref());
         }
     }
 
@@ -320,6 +314,17 @@ pub fn main(args: &[String], started: Instant) -> Result<()> {
     .map_err(|e| anyhow::anyhow!("the window could not open: {e}"))
 }
 
+/// The second frame starts once the first has been presented: report the
+/// time since process start and close.
+fn first_frame_done(ctx: &egui::Context, started: Instant, report: Option<&std::path::Path>) {
+    let ms = started.elapsed().as_secs_f64() * 1e3;
+    println!("first frame after {ms:.0} ms");
+    if let Some(p) = report {
+        let _ = std::fs::write(p, format!("{ms:.1}\n"));
+    }
+    ctx.send_viewport_cmd(egui::ViewportCommand::Close);
+}
+
 /// An empty window: what the first frame costs without Cohort's own start.
 struct Bare {
     started: Instant,
@@ -332,12 +337,7 @@ impl eframe::App for Bare {
         egui::CentralPanel::default().show(ui, |ui| ui.label("Cohort"));
         self.frames += 1;
         if self.frames == 2 {
-            let ms = self.started.elapsed().as_secs_f64() * 1e3;
-            println!("first frame after {ms:.0} ms");
-            if let Some(p) = &self.report {
-                let _ = std::fs::write(p, format!("{ms:.1}\n"));
-            }
-            ui.ctx().send_viewport_cmd(egui::ViewportCommand::Close);
+            first_frame_done(ui.ctx(), self.started, self.report.as_deref());
         }
         ui.ctx().request_repaint();
     }

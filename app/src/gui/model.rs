@@ -175,23 +175,16 @@ impl Model {
                     t.lines.pop_front();
                 }
             }
-            NodeUpdate::Step {
-                epoch,
-                done,
-                of,
-                loss,
-                contributors,
-                compute,
-                comm,
-            } => {
-                t.epoch = epoch;
-                t.done = done;
-                t.of = of;
+            NodeUpdate::Step(s) => {
+                t.epoch = s.epoch;
+                t.done = s.done;
+                t.of = s.of;
                 t.steps_applied += 1;
-                t.loss.push([(epoch * of + done) as f64, loss as f64]);
-                t.compute = compute;
-                t.comm = comm;
-                t.contributors = contributors;
+                t.loss
+                    .push([(s.epoch * s.of + s.done) as f64, s.loss as f64]);
+                t.compute = s.compute;
+                t.comm = s.comm;
+                t.contributors = s.contributors;
             }
             NodeUpdate::Finished(r) => t.finished = Some(r),
         }

@@ -50,19 +50,7 @@ impl Sandbox {
         let mut peers = tokio::task::JoinSet::new();
         for i in 0..PEERS {
             let chain = Chain::new(embedded.client(), "Sandbox");
-            let o = node::Options {
-                job: Some(job),
-                price: LAMPORTS_PER_SOL / 1000,
-                stake: LAMPORTS_PER_SOL / 100,
-                data: data.join(format!("sandbox-peer{i}")),
-                p2p_port: port_base,
-                p2p_host: "127.0.0.1".into(),
-                airdrop: LAMPORTS_PER_SOL,
-                leave: false,
-                benchmark: None,
-                pause: Default::default(),
-                device: cohort_engine::backend::BackendChoice::Cpu,
-            };
+            let o = node::Options::local(job, port_base, data.join(format!("sandbox-peer{i}")));
             // Stale state from an earlier session would be another job's.
             let _ = std::fs::remove_dir_all(&o.data);
             peers.spawn(async move {

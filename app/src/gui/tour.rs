@@ -28,7 +28,6 @@ pub struct Tour {
 
 impl Tour {
     pub fn new(dir: PathBuf, data: PathBuf) -> Self {
-        // Argon2id at full cost is fine here, but a tour is a demo: keep it quick.
         Self {
             dir,
             data,

@@ -89,15 +89,7 @@ pub struct JobRow {
 #[derive(Debug, Clone, PartialEq)]
 pub enum NodeUpdate {
     Line(String),
-    Step {
-        epoch: u32,
-        done: u32,
-        of: u32,
-        loss: f32,
-        contributors: usize,
-        compute: f64,
-        comm: f64,
-    },
+    Step(node::StepProgress),
     Finished(Result<String, String>),
 }
 
@@ -386,16 +378,13 @@ impl Worker {
             }
             Command::QuoteSend { to, lamports } => {
                 let (chain, me) = (self.chain()?, self.me()?);
-                let fee = quote_fee(&chain, &me, &to, lamports).await;
-                let balance = chain.balance(&me.pubkey()).await?;
-                check_funds(balance, lamports, fee)?;
+                let fee = affordable(&chain, &me, &to, lamports).await?;
                 self.sink.send(Event::Fee { to, lamports, fee });
             }
             Command::Send { to, lamports } => {
                 let (chain, me) = (self.chain()?, self.me()?);
-                let fee = quote_fee(&chain, &me, &to, lamports).await;
-                let balance = chain.balance(&me.pubkey()).await?;
-                check_funds(balance, lamports, fee)?;
+                // Checked again: the balance may have moved since the quote.
+                affordable(&chain, &me, &to, lamports).await?;
                 let ix =
                     solana_system_interface::instruction::transfer(&me.pubkey(), &to, lamports);
                 chain.send("transfer", &[ix], &me, &[]).await?;
@@ -523,23 +512,7 @@ impl Worker {
             let report = |_: &Pubkey, p: Progress| {
                 sink.send(Event::Node(match p {
                     Progress::Line(l) => NodeUpdate::Line(l.to_string()),
-                    Progress::Step {
-                        epoch,
-                        done,
-                        of,
-                        loss,
-                        contributors,
-                        compute,
-                        comm,
-                    } => NodeUpdate::Step {
-                        epoch,
-                        done,
-                        of,
-                        loss,
-                        contributors,
-                        compute,
-                        comm,
-                    },
+                    Progress::Step(s) => NodeUpdate::Step(s),
                 }))
             };
             let r = node::run_with(&chain, &me, &o, &report).await;
@@ -587,14 +560,17 @@ impl Worker {
     }
 }
 
-async fn quote_fee(chain: &Chain, me: &Keypair, to: &Pubkey, lamports: u64) -> u64 {
+/// The fee of sending `lamports` to `to`, if the wallet can pay both.
+async fn affordable(chain: &Chain, me: &Keypair, to: &Pubkey, lamports: u64) -> Result<u64> {
     let ix = solana_system_interface::instruction::transfer(&me.pubkey(), to, lamports);
     let msg = solana_sdk::message::Message::new(&[ix], Some(&me.pubkey()));
-    chain
+    let fee = chain
         .rpc
         .get_fee_for_message(&msg)
         .await
-        .unwrap_or(DEFAULT_FEE)
+        .unwrap_or(DEFAULT_FEE);
+    check_funds(chain.balance(&me.pubkey()).await?, lamports, fee)?;
+    Ok(fee)
 }
 
 fn check_funds(balance: u64, lamports: u64, fee: u64) -> Result<()> {

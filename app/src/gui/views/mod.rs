@@ -9,7 +9,6 @@ pub mod settings;
 pub mod training;
 pub mod wallet;
 
-use super::model::Model;
 use super::settings::Settings;
 use super::worker::Command;
 use eframe::egui;
@@ -111,8 +110,4 @@ pub fn bar(ui: &mut egui::Ui, x: f64, of: f64, text: String) {
             .text(text)
             .desired_width(420.0),
     );
-}
-
-pub fn model_ready(model: &Model) -> bool {
-    matches!(model.network_state, Some(Ok(())))
 }
