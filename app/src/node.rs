@@ -375,6 +375,8 @@ pub struct StepProgress {
 pub enum Progress<'a> {
     Line(&'a str),
     Step(StepProgress),
+    /// The other members' links (every 2 s while training).
+    Links(&'a [p2p::PeerLink]),
 }
 
 /// Where progress goes: stdout for `cohort node`, bars for the demo.
@@ -399,6 +401,7 @@ pub fn print_report(me: &Pubkey, p: Progress) {
                 );
             }
         }
+        Progress::Links(_) => {}
     }
 }
 
@@ -878,6 +881,7 @@ async fn train_epoch(
                 ),
             );
         }
+        NodeEvent::Links(l) => report(&pk, Progress::Links(l)),
         NodeEvent::Rewound { step } => say(
             report,
             &pk,

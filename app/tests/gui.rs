@@ -287,6 +287,13 @@ fn sandbox_benchmark_join_train_and_claim_from_the_ui() {
     assert_eq!(h.state().views.screen, Screen::Training);
     assert!(h.state().model.training.loss.len() >= 3);
     h.get_by_label_contains("contributed to the last step");
+    // Both other members, with a measured round trip and bytes from each.
+    wait(&mut h, "peer links", 60, |a| {
+        let p = &a.model.training.peers;
+        p.len() == 2 && p.iter().all(|p| p.rtt_ms.is_some() && p.bytes_in > 0)
+    });
+    h.get_by_label("Latency");
+    assert!(h.query_all_by_label_contains(" ms").count() >= 2);
 
     // Pause: steps still apply; resume.
     click(&mut h, "Pause");

@@ -16,6 +16,17 @@ pub enum Notice {
     Info(String),
 }
 
+/// Another member as the training view shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Peer {
+    pub member: u32,
+    pub rtt_ms: Option<f64>,
+    pub bytes_in: u64,
+    /// Bytes per second received from it since the previous sample.
+    pub rate: f64,
+    at: Instant,
+}
+
 #[derive(Default)]
 pub struct Training {
     pub job: Option<Pubkey>,
@@ -28,6 +39,7 @@ pub struct Training {
     pub compute: f64,
     pub comm: f64,
     pub contributors: usize,
+    pub peers: Vec<Peer>,
     pub paused: bool,
     pub lines: VecDeque<String>,
     pub finished: Option<Result<String, String>>,
@@ -185,6 +197,26 @@ impl Model {
                 t.compute = s.compute;
                 t.comm = s.comm;
                 t.contributors = s.contributors;
+            }
+            NodeUpdate::Links(links) => {
+                let now = Instant::now();
+                t.peers = links
+                    .into_iter()
+                    .map(|l| {
+                        let prev = t.peers.iter().find(|p| p.member == l.member);
+                        let rate = prev.map_or(0.0, |p| {
+                            let secs = now.duration_since(p.at).as_secs_f64().max(1e-3);
+                            l.bytes_in.saturating_sub(p.bytes_in) as f64 / secs
+                        });
+                        Peer {
+                            member: l.member,
+                            rtt_ms: l.rtt.map(|d| d.as_secs_f64() * 1e3),
+                            bytes_in: l.bytes_in,
+                            rate,
+                            at: now,
+                        }
+                    })
+                    .collect();
             }
             NodeUpdate::Finished(r) => t.finished = Some(r),
         }

@@ -90,6 +90,7 @@ pub struct JobRow {
 pub enum NodeUpdate {
     Line(String),
     Step(node::StepProgress),
+    Links(Vec<cohort_engine::net::node::PeerLink>),
     Finished(Result<String, String>),
 }
 
@@ -513,6 +514,7 @@ impl Worker {
                 sink.send(Event::Node(match p {
                     Progress::Line(l) => NodeUpdate::Line(l.to_string()),
                     Progress::Step(s) => NodeUpdate::Step(s),
+                    Progress::Links(l) => NodeUpdate::Links(l.to_vec()),
                 }))
             };
             let r = node::run_with(&chain, &me, &o, &report).await;

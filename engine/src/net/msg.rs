@@ -354,6 +354,17 @@ pub const SNAPSHOT_CHUNK: usize = 256 * 1024;
 /// 0.2 MB payloads), plus headers.
 pub const MAX_RESPONSE: usize = 1024 * 1024;
 
+impl Response {
+    /// Bytes of content it carries (headers aside).
+    pub fn wire_len(&self) -> usize {
+        match self {
+            Response::Payload(b) | Response::Manifest(b) => b.len(),
+            Response::Snapshot { chunk, .. } => chunk.len(),
+            Response::NotFound => 0,
+        }
+    }
+}
+
 impl Request {
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(40);

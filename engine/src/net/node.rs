@@ -18,7 +18,7 @@ use libp2p::gossipsub::{self, IdentTopic, MessageAcceptance};
 use libp2p::identity::ed25519;
 use libp2p::request_response::{self, OutboundRequestId};
 use libp2p::swarm::SwarmEvent;
-use libp2p::{Multiaddr, PeerId, Swarm};
+use libp2p::{Multiaddr, PeerId, Swarm, ping};
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -113,6 +113,18 @@ pub enum NodeEvent {
     Rewound {
         step: u32,
     },
+    /// What this node sees of each other member's link, every 2 s.
+    Links(Vec<PeerLink>),
+}
+
+/// One other member's link, as this node sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PeerLink {
+    pub member: u32,
+    /// The latest ping round trip; `None` before the first.
+    pub rtt: Option<Duration>,
+    /// Bytes received from it so far: gossip it forwarded, blobs it served.
+    pub bytes_in: u64,
 }
 
 /// Counters a node keeps about its traffic.
@@ -448,6 +460,8 @@ struct Download {
 
 /// The network side: owns the swarm and the step machine.
 struct Net {
+    /// Per connected peer: latest round trip and bytes received.
+    links: HashMap<PeerId, (Option<Duration>, u64)>,
     cfg: NodeConfig,
     key: ed25519::Keypair,
     swarm: Swarm<Behaviour>,
@@ -886,6 +900,25 @@ impl Net {
         }
     }
 
+    fn peer_links(&self) -> Vec<PeerLink> {
+        self.peers
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i as u32 != self.cfg.me)
+            .map(|(i, p)| {
+                let (rtt, bytes_in) = p
+                    .as_ref()
+                    .and_then(|p| self.links.get(p).copied())
+                    .unwrap_or_default();
+                PeerLink {
+                    member: i as u32,
+                    rtt,
+                    bytes_in,
+                }
+            })
+            .collect()
+    }
+
     fn heartbeat(&mut self) {
         self.seq = self.seq.max(now_us());
         let hb = Heartbeat {
@@ -1021,6 +1054,7 @@ pub async fn run(
         to_trainer,
         unpublished: Vec::new(),
         stats: NodeStats::default(),
+        links: HashMap::new(),
         debug: std::env::var_os("COHORT_NET_DEBUG").is_some(),
         done: None,
         peers_done: Default::default(),
@@ -1036,6 +1070,7 @@ pub async fn run(
     let mut redial_at = Instant::now();
     let mut tick = tokio::time::interval(Duration::from_millis(10));
     let mut beat = tokio::time::interval(Duration::from_millis(500));
+    let mut beats = 0u64;
     let start_deadline = Instant::now() + Duration::from_secs(30);
     let linger = Duration::from_secs(5);
     loop {
@@ -1048,6 +1083,7 @@ pub async fn run(
                 SwarmEvent::Behaviour(BehaviourEvent::Gossip(gossipsub::Event::Message {
                     propagation_source, message_id, message,
                 })) => {
+                    net.links.entry(propagation_source).or_default().1 += message.data.len() as u64;
                     let verdict = net.on_gossip(&message.data);
                     let _ = net.swarm.behaviour_mut().gossip.report_message_validation_result(
                         &message_id, &propagation_source, verdict);
@@ -1056,13 +1092,17 @@ pub async fn run(
                 SwarmEvent::Behaviour(BehaviourEvent::Gossip(gossipsub::Event::Subscribed { peer_id, .. })) => {
                     net.subscribed.insert(peer_id);
                 }
-                SwarmEvent::Behaviour(BehaviourEvent::Blobs(request_response::Event::Message { message, .. })) => match message {
+                SwarmEvent::Behaviour(BehaviourEvent::Ping(ping::Event { peer, result: Ok(rtt), .. })) => {
+                    net.links.entry(peer).or_default().0 = Some(rtt);
+                }
+                SwarmEvent::Behaviour(BehaviourEvent::Blobs(request_response::Event::Message { peer, message, .. })) => match message {
                     request_response::Message::Request { request, channel, .. } => {
                         let resp = net.serve(request);
                         net.stats.bytes_out += resp.encode().len() as u64;
                         let _ = net.swarm.behaviour_mut().blobs.send_response(channel, resp);
                     }
                     request_response::Message::Response { request_id, response } => {
+                        net.links.entry(peer).or_default().1 += response.wire_len() as u64;
                         net.on_response(request_id, response);
                         net.drive();
                     }
@@ -1184,7 +1224,13 @@ pub async fn run(
                     }
                 }
             }
-            _ = beat.tick() => net.heartbeat(),
+            _ = beat.tick() => {
+                net.heartbeat();
+                beats += 1;
+                if beats.is_multiple_of(4) {
+                    on_event(&NodeEvent::Links(net.peer_links()));
+                }
+            }
         }
     }
     // The trainer waits for rewinds until the network side hangs up.

@@ -148,8 +148,9 @@ fn line(s: String) {
     let _ = out.flush();
 }
 
-fn event_json(e: &NodeEvent) -> String {
-    match e {
+/// One JSON line per event; link samples are not printed.
+fn event_json(e: &NodeEvent) -> Option<String> {
+    Some(match e {
         NodeEvent::Listening(a) => format!(r#"{{"event":"listening","addr":"{a}"}}"#),
         NodeEvent::Synced { step, resumed } => {
             format!(r#"{{"event":"synced","step":{step},"resumed":{resumed}}}"#)
@@ -172,7 +173,8 @@ fn event_json(e: &NodeEvent) -> String {
         }
         NodeEvent::Diverged { step } => format!(r#"{{"event":"diverged","step":{step}}}"#),
         NodeEvent::Rewound { step } => format!(r#"{{"event":"rewound","step":{step}}}"#),
-    }
+        NodeEvent::Links(_) => return None,
+    })
 }
 
 /// Runs a peer from command-line arguments; returns the exit code.
@@ -213,8 +215,12 @@ pub fn main(args: &[String]) -> i32 {
             .enable_all()
             .build()
             .map_err(|e| e.to_string())?;
-        rt.block_on(node::run(cfg, corpus, engine, |e| line(event_json(e))))
-            .map_err(|e| e.to_string())
+        rt.block_on(node::run(cfg, corpus, engine, |e| {
+            if let Some(l) = event_json(e) {
+                line(l)
+            }
+        }))
+        .map_err(|e| e.to_string())
     })();
     match result {
         Ok(stats) => {

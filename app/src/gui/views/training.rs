@@ -103,6 +103,22 @@ pub fn show(ui: &mut egui::Ui, model: &Model, out: &mut Out) {
                 r.job.epochs_finalized, r.job.spec.epochs
             ));
         }
+        egui::Grid::new("peers").striped(true).show(ui, |ui| {
+            for h in ["Member", "Latency", "Received"] {
+                ui.strong(h);
+            }
+            ui.end_row();
+            for p in &t.peers {
+                ui.label(format!("member {}", p.member));
+                ui.label(p.rtt_ms.map_or("…".into(), |ms| format!("{ms:.1} ms")));
+                ui.label(format!(
+                    "{:.1} KB/s ({:.1} MB in all)",
+                    p.rate / 1e3,
+                    p.bytes_in as f64 / 1e6
+                ));
+                ui.end_row();
+            }
+        });
         ui.weak("Audits: not run by P2P members yet (see docs/robustness.md)");
     });
     ui.separator();
