@@ -77,13 +77,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn tauri_config_version_matches_the_workspace() {
-        let conf = include_str!("../../tauri.conf.json");
-        let want = format!("\"version\": \"{}\"", env!("CARGO_PKG_VERSION"));
-        assert!(conf.contains(&want), "tauri.conf.json must say {want}");
-    }
-
-    #[test]
     fn unknown_commands_are_clear_errors() {
         let e = run(vec!["frobnicate".into()], std::time::Instant::now())
             .unwrap_err()

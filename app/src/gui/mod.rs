@@ -273,6 +273,8 @@ pub fn main(args: &[String], started: Instant) -> Result<()> {
     let opts = eframe::NativeOptions {
         viewport: egui::ViewportBuilder::default()
             .with_title("Cohort")
+            // Matches the desktop entry's StartupWMClass, so launchers group the window.
+            .with_app_id("cohort")
             .with_inner_size([1100.0, 760.0])
             .with_min_inner_size([800.0, 560.0])
             .with_icon(egui::IconData {

@@ -34,29 +34,16 @@ impl Tray {
     }
 }
 
-/// A 32×32 icon: the app mark (three linked dots on a violet disc), as
-/// RGBA rows.
+/// The app icon at 32 or 64 px, as RGBA rows: the PNGs `cohort-installer
+/// icons` renders from `icons/icon.svg`, built into the binary.
 pub fn icon_rgba(size: u32) -> Vec<u8> {
-    let mut px = vec![0u8; (size * size * 4) as usize];
-    let c = size as f32 / 2.0;
-    let dots = [(0.5, 0.28), (0.28, 0.66), (0.72, 0.66)];
-    for y in 0..size {
-        for x in 0..size {
-            let (fx, fy) = (x as f32 + 0.5, y as f32 + 0.5);
-            let i = ((y * size + x) * 4) as usize;
-            let r = ((fx - c).powi(2) + (fy - c).powi(2)).sqrt();
-            if r <= c - 0.5 {
-                px[i..i + 4].copy_from_slice(&[98, 70, 234, 255]);
-            }
-            for (dx, dy) in dots {
-                let d = ((fx - dx * size as f32).powi(2) + (fy - dy * size as f32).powi(2)).sqrt();
-                if d <= size as f32 * 0.11 {
-                    px[i..i + 4].copy_from_slice(&[255, 255, 255, 255]);
-                }
-            }
-        }
-    }
-    px
+    let png: &[u8] = match size {
+        32 => include_bytes!("../../../icons/32x32.png"),
+        _ => include_bytes!("../../../icons/64x64.png"),
+    };
+    image::load_from_memory(png)
+        .map(|i| i.to_rgba8().into_raw())
+        .unwrap_or_default()
 }
 
 /// Starts the tray; `None` (with the reason logged) where the desktop has
