@@ -149,7 +149,7 @@ pub async fn run(opts: Options) -> Result<Summary> {
                             "epoch {epoch}, loss {loss:.3}, {contributors} contributors"
                         ));
                     }
-                    Progress::Links(_) => {}
+                    Progress::Links(_) | Progress::Audit(_) => {}
                 }
             };
             let r = node::run_with(&chain, &me, &o, &report).await;

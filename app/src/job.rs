@@ -372,6 +372,13 @@ pub fn status(k: &Pubkey, j: &Job) -> String {
         j.paid_out,
         j.refunded
     ));
+    if j.slashed > 0 {
+        s.push_str(&format!(
+            "slashed    {} of stake taken from nodes caught cheating, refunded ({} lamports)\n",
+            sol(j.slashed),
+            j.slashed
+        ));
+    }
     if j.state == JobState::Running || j.epochs_finalized > 0 {
         s.push_str(&format!(
             "model hash {}\n",

@@ -11,12 +11,15 @@
 
 use crate::chain::{Chain, sol};
 use crate::cli::{CHAIN_FLAGS, Flags, sol_to_lamports};
+use crate::fraud;
 use anyhow::{Context, Result, anyhow, bail};
+use cohort_engine::adversary::Mode;
+use cohort_engine::audit::AuditConfig;
 use cohort_engine::backend::{self, BackendChoice};
 use cohort_engine::data::Corpus;
 use cohort_engine::ledger::ContributionLedger;
 use cohort_engine::model::ModelConfig;
-use cohort_engine::net::node::{self as p2p, NodeConfig, NodeEvent};
+use cohort_engine::net::node::{self as p2p, Defence, NodeConfig, NodeEvent};
 use cohort_engine::net::shaper::Link;
 use cohort_engine::net::step::Timing;
 use cohort_engine::net::swarm;
@@ -71,6 +74,9 @@ pub struct Options {
     /// The device gradients are computed on (applying is always the same
     /// CPU code, so every member gets the same bits).
     pub device: BackendChoice,
+    /// Tests only (`--adversary MODE`): this node attacks the job, to show
+    /// it is caught and slashed.
+    pub adversary: Option<Mode>,
 }
 
 impl Options {
@@ -100,6 +106,7 @@ impl Options {
             benchmark: None,
             pause: Arc::default(),
             device: BackendChoice::Cpu,
+            adversary: None,
         }
     }
 
@@ -133,6 +140,10 @@ impl Options {
             benchmark: None,
             pause: Arc::default(),
             device: BackendChoice::Cpu,
+            adversary: f
+                .str("adversary")
+                .map(|m| Mode::parse(m).ok_or_else(|| anyhow!("--adversary: unknown mode `{m}`")))
+                .transpose()?,
         })
     }
 }
@@ -333,7 +344,14 @@ pub async fn main(args: &[String]) -> Result<()> {
     }
     let mut allowed = CHAIN_FLAGS.to_vec();
     allowed.extend([
-        "job", "price", "stake", "data", "p2p-port", "p2p-host", "airdrop",
+        "job",
+        "price",
+        "stake",
+        "data",
+        "p2p-port",
+        "p2p-host",
+        "airdrop",
+        "adversary",
     ]);
     let f = Flags::parse(args, "cohort node", &allowed)?;
     if let Some(w) = f.words.first() {
@@ -377,6 +395,8 @@ pub enum Progress<'a> {
     Step(StepProgress),
     /// The other members' links (every 2 s while training).
     Links(&'a [p2p::PeerLink]),
+    /// This node, as a witness, audited another member's contribution.
+    Audit(&'a p2p::AuditReport),
 }
 
 /// Where progress goes: stdout for `cohort node`, bars for the demo.
@@ -401,7 +421,7 @@ pub fn print_report(me: &Pubkey, p: Progress) {
                 );
             }
         }
-        Progress::Links(_) => {}
+        Progress::Links(_) | Progress::Audit(_) => {}
     }
 }
 
@@ -541,7 +561,20 @@ pub async fn run_with(
     let corpus = Corpus::bundled()?;
     // 4. Epochs.
     let mut cranked_at: Option<(u32, std::time::Instant)> = None;
+    // Each epoch's members as read when it started: a member slashed
+    // mid-epoch leaves the job on chain, but not the epoch's P2P layout.
+    let mut epoch_members: Option<(u32, Vec<Pubkey>)> = None;
     loop {
+        if chain
+            .state::<Member>(&member_addr)
+            .await?
+            .is_some_and(|m| m.status == MemberStatus::Slashed)
+        {
+            bail!(
+                "this node was slashed in job {job}: a quorum of witnesses found its \
+                 contributions fraudulent, and its stake went to the job"
+            );
+        }
         let j: Job = chain.must(&job, "job").await?;
         if j.state.is_terminal() {
             if j.state != JobState::Completed {
@@ -553,7 +586,7 @@ pub async fn run_with(
         let due =
             j.state == JobState::Open || (j.epochs_finalized == started && started < j.spec.epochs);
         if due {
-            if j.member_count >= j.spec.min_nodes as u32 {
+            if j.member_count >= j.members_to_start() {
                 // One member cranks; the others step in if it has not after a while.
                 let m: Member = chain.must(&member_addr, "membership").await?;
                 let mine = started % j.member_count == m.index;
@@ -584,7 +617,14 @@ pub async fn run_with(
         }
         let e = started - 1;
         let epoch: Epoch = chain.must(&client::epoch_address(&job, e), "epoch").await?;
-        let members = members_at_start(chain, &job, epoch.members_at_start).await?;
+        let members = match &epoch_members {
+            Some((at, m)) if *at == e => m.clone(),
+            _ => {
+                let m = members_at_start(chain, &job, epoch.members_at_start).await?;
+                epoch_members = Some((e, m.clone()));
+                m
+            }
+        };
         let Some(index) = members.iter().position(|m| *m == pk) else {
             // Joined after this epoch started: the next one includes us.
             tokio::time::sleep(POLL).await;
@@ -592,6 +632,7 @@ pub async fn run_with(
         };
         if local.trained <= e {
             let (hash, loss) = train_epoch(
+                chain,
                 &j,
                 &job,
                 e,
@@ -744,9 +785,17 @@ async fn find_job(
 /// The epoch's members by index (the P2P layer's member order).
 async fn members_at_start(chain: &Chain, job: &Pubkey, n: u32) -> Result<Vec<Pubkey>> {
     let mut slots = vec![None; n as usize];
-    for (_, m) in chain.all::<Member>().await? {
+    let all = chain.all::<Member>().await?;
+    for (_, m) in &all {
         if m.job == *job && m.status == MemberStatus::Active && m.index < n {
             slots[m.index as usize] = Some(m.node);
+        }
+    }
+    // A member slashed in this epoch keeps its index; if it held the last
+    // slot nobody moved into it.
+    for (_, m) in &all {
+        if m.job == *job && m.status == MemberStatus::Slashed && m.index < n {
+            slots[m.index as usize].get_or_insert(m.node);
         }
     }
     slots
@@ -758,6 +807,7 @@ async fn members_at_start(chain: &Chain, job: &Pubkey, n: u32) -> Result<Vec<Pub
 
 #[allow(clippy::too_many_arguments)]
 async fn train_epoch(
+    chain: &Chain,
     j: &Job,
     job: &Pubkey,
     e: u32,
@@ -793,6 +843,12 @@ async fn train_epoch(
         bootstrap.push(format!("{}/p2p/{id}", addr(i)).parse()?);
     }
     let job_bytes = job.to_bytes();
+    // The epoch's witnesses audit; a quorum of their accusations slashes.
+    let committee = Committee::new(&epoch.seed, epoch.members_at_start, j.spec.witness_count);
+    let witnesses: Vec<u32> = (0..members.len() as u32)
+        .filter(|i| committee.seat_of(*i).is_some())
+        .collect();
+    let quorum = j.spec.quorum as usize;
     let cfg = NodeConfig {
         train,
         job: job_bytes,
@@ -806,7 +862,9 @@ async fn train_epoch(
         bootstrap,
         steps: (e + 1) * spe,
         checkpoint: Some(dir.join("checkpoint.bin")),
-        join: false,
+        // A member that joined a running job has no state of its own from
+        // the last epoch: it downloads the members' state instead.
+        join: e > 0 && !dir.join("checkpoint.bin").exists(),
         link: Link::new(0.0, Duration::ZERO),
         timing: Timing::default(),
         mdns: false,
@@ -814,6 +872,15 @@ async fn train_epoch(
         epoch_start: Some(e * spe),
         backfill_from: Some(e * spe),
         pause: o.pause.clone(),
+        defence: Defence {
+            audit: AuditConfig {
+                quorum,
+                ..AuditConfig::default()
+            },
+            witnesses,
+            adversary: o.adversary,
+            cosigner: Some(fraud::cosigner(*job)),
+        },
     };
     say(
         report,
@@ -837,63 +904,141 @@ async fn train_epoch(
             s.engine
         }
     };
-    p2p::run(cfg, corpus, engine, |ev| match ev {
-        NodeEvent::Applied {
-            step,
-            model_hash,
-            contributors,
-            loss,
-            times,
-        } => {
-            last_hash = Some(*model_hash);
-            last_loss = *loss;
-            if credit(local, members, *step, contributors)
-                && let Err(err) = local.save(dir)
-            {
-                failure.get_or_insert(err);
+    // Reports this node leads go to a task of their own, so training never
+    // waits on the chain.
+    let (cases, mut case_rx) = tokio::sync::mpsc::unbounded_channel::<fraud::Case>();
+    let (control, control_rx) = tokio::sync::mpsc::unbounded_channel();
+    let reporter = async {
+        while let Some(case) = case_rx.recv().await {
+            // A busy chain or a slow co-signer can outlive a blockhash:
+            // build and gather again.
+            let mut outcome = Err(anyhow!("not sent"));
+            for _ in 0..3 {
+                outcome = fraud::report(chain, me, job, e, members, quorum, &case, &control).await;
+                if outcome.is_ok() {
+                    break;
+                }
             }
-            report(
-                &pk,
-                Progress::Step(StepProgress {
-                    epoch: e,
-                    done: step + 1 - e * spe,
-                    of: spe,
-                    loss: *loss,
-                    contributors: contributors.len(),
-                    compute: times.compute,
-                    comm: times.comm + times.wait,
-                }),
-            );
+            let line = match outcome {
+                Ok(sig) => format!(
+                    "reported member {} on chain with {} witnesses: slashed ({sig})",
+                    case.accused, quorum
+                ),
+                Err(err) => format!("could not report member {}: {err:#}", case.accused),
+            };
+            say(report, &pk, line);
         }
-        NodeEvent::Backfilled { step, contributors }
-            if !local.contributors.contains_key(step)
-                && credit(local, members, *step, contributors) =>
-        {
-            if let Err(err) = local.save(dir) {
-                failure.get_or_insert(err);
+    };
+    let training = async {
+        let out = p2p::run_with_control(cfg, corpus, engine, Some(control_rx), |ev| match ev {
+            NodeEvent::Applied {
+                step,
+                model_hash,
+                contributors,
+                loss,
+                times,
+            } => {
+                last_hash = Some(*model_hash);
+                last_loss = *loss;
+                if credit(local, members, *step, contributors)
+                    && let Err(err) = local.save(dir)
+                {
+                    failure.get_or_insert(err);
+                }
+                report(
+                    &pk,
+                    Progress::Step(StepProgress {
+                        epoch: e,
+                        done: (step + 1).saturating_sub(e * spe),
+                        of: spe,
+                        loss: *loss,
+                        contributors: contributors.len(),
+                        compute: times.compute,
+                        comm: times.comm + times.wait,
+                    }),
+                );
             }
-            say(
+            NodeEvent::Backfilled { step, contributors }
+                if !local.contributors.contains_key(step)
+                    && credit(local, members, *step, contributors) =>
+            {
+                if let Err(err) = local.save(dir) {
+                    failure.get_or_insert(err);
+                }
+                say(
+                    report,
+                    &pk,
+                    format!(
+                        "step {step} happened while away: credited its {} contributors",
+                        contributors.len()
+                    ),
+                );
+            }
+            NodeEvent::Links(l) => report(&pk, Progress::Links(l)),
+            NodeEvent::Rewound { step } => say(
                 report,
                 &pk,
-                format!(
-                    "step {step} happened while away: credited its {} contributors",
-                    contributors.len()
-                ),
-            );
-        }
-        NodeEvent::Links(l) => report(&pk, Progress::Links(l)),
-        NodeEvent::Rewound { step } => say(
+                format!("a better manifest for step {step} turned up: applying again from there"),
+            ),
+            NodeEvent::Diverged { step } => {
+                failure.get_or_insert(anyhow!("model diverged from the job's at step {step}"));
+            }
+            NodeEvent::Audited(r) => {
+                report(&pk, Progress::Audit(r));
+                if !r.passed {
+                    say(
+                        report,
+                        &pk,
+                        format!(
+                            "audit: member {}'s step {} does not match its recomputation: accused",
+                            r.member, r.step
+                        ),
+                    );
+                }
+            }
+            NodeEvent::Slashed {
+                member,
+                witnesses,
+                evidence,
+                ..
+            } => {
+                say(
+                    report,
+                    &pk,
+                    format!(
+                        "member {member} convicted by witnesses {witnesses:?}: dropped from the job"
+                    ),
+                );
+                if witnesses.first() == Some(&index) {
+                    let _ = cases.send(fraud::Case {
+                        accused: *member,
+                        witnesses: witnesses.clone(),
+                        evidence: *evidence,
+                    });
+                }
+            }
+            _ => {}
+        })
+        .await;
+        // Ends the reporter once the reports asked for are sent.
+        drop(cases);
+        out
+    };
+    let (out, ()) = tokio::join!(training, reporter);
+    let stats = out.map_err(|err| anyhow!("training epoch {e}: {err}"))?;
+    if stats.audits > 0 {
+        say(
             report,
             &pk,
-            format!("a better manifest for step {step} turned up: applying again from there"),
-        ),
-        NodeEvent::Diverged { step } => {
-            failure.get_or_insert(anyhow!("model diverged from the job's at step {step}"));
-        }
-        _ => {}
-    })
-    .await
-    .map_err(|err| anyhow!("training epoch {e}: {err}"))?;
+            format!(
+                "epoch {e}: audited {} contributions as a witness, {} failed; audits took {:.2} s, {:.1}% of this node's training compute",
+                stats.audits,
+                stats.audits_failed,
+                stats.audit_secs,
+                100.0 * stats.audit_secs / stats.compute_secs.max(1e-9)
+            ),
+        );
+    }
     if let Some(err) = failure {
         return Err(err);
     }

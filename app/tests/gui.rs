@@ -294,6 +294,8 @@ fn sandbox_benchmark_join_train_and_claim_from_the_ui() {
     });
     h.get_by_label("Latency");
     assert!(h.query_all_by_label_contains(" ms").count() >= 2);
+    // This node is one of the demo job's witnesses: its audit tally shows.
+    h.get_by_label_contains("Audits");
 
     // Pause: steps still apply; resume.
     click(&mut h, "Pause");

@@ -190,20 +190,16 @@ pub fn run(
         }
         // 3. The screen and the step's weights, identical on every node.
         let refs: Vec<&Payload> = sent.iter().map(|s| &s.1).collect();
-        let screens = audit::screen(&layout, &refs, &recent);
-        let hashes: Vec<[u8; 32]> = refs.iter().map(|p| audit::payload_hash(p)).collect();
-        let weights: Vec<i32> = (0..sent.len())
-            .map(|j| {
-                if !cfg.defend {
-                    return 1;
-                }
-                let first_copy = hashes[..j].iter().all(|h| *h != hashes[j]);
-                let flagged = screens[j].flagged(&cfg.audit) && !screens[j].duplicate;
-                i32::from(first_copy && !flagged && !recent.contains(&hashes[j]))
-            })
-            .collect();
+        let audit::StepScreen {
+            screens,
+            hashes,
+            mut weights,
+        } = audit::screen_step(&layout, &refs, &recent, &cfg.audit);
+        if !cfg.defend {
+            weights.fill(1);
+        }
         recent.extend(hashes.iter().copied());
-        let keep = 8 * run.members;
+        let keep = audit::RECENT_STEPS as usize * run.members;
         if recent.len() > keep {
             recent.drain(..recent.len() - keep);
         }

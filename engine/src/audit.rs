@@ -52,14 +52,98 @@ impl Default for AuditConfig {
 
 /// The commitment to a member's momentum carried by its contribution.
 pub fn momentum_hash(momentum: &[Vec<f32>]) -> [u8; 32] {
+    momentum_hash_bytes(&encode_momentum(momentum))
+}
+
+/// [`momentum_hash`] of a momentum already encoded by [`encode_momentum`]:
+/// what a witness checks a revealed momentum against.
+pub fn momentum_hash_bytes(encoded: &[u8]) -> [u8; 32] {
     let mut h = blake3::Hasher::new();
     h.update(b"cohort-momentum-v1");
-    for m in momentum {
-        for v in m {
-            h.update(&v.to_le_bytes());
-        }
-    }
+    h.update(encoded);
     *h.finalize().as_bytes()
+}
+
+/// A momentum as revealed on the wire: every value, little-endian, in
+/// parameter order.
+pub fn encode_momentum(momentum: &[Vec<f32>]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(4 * momentum.iter().map(Vec::len).sum::<usize>());
+    for v in momentum.iter().flatten() {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    out
+}
+
+/// Decodes a revealed momentum into the shapes of `like`; None when the
+/// length is wrong or a value is not finite.
+pub fn decode_momentum(bytes: &[u8], like: &[Vec<f32>]) -> Option<Vec<Vec<f32>>> {
+    if bytes.len() != 4 * like.iter().map(Vec::len).sum::<usize>() {
+        return None;
+    }
+    let mut values = bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+    let out: Vec<Vec<f32>> = like
+        .iter()
+        .map(|v| values.by_ref().take(v.len()).collect())
+        .collect();
+    out.iter().flatten().all(|x| x.is_finite()).then_some(out)
+}
+
+/// Names one audited contribution: every witness that fails it signs the
+/// same id, which `report_fraud` carries on chain as its evidence.
+pub fn evidence_id(
+    job: &[u8; 32],
+    epoch: u32,
+    step: u32,
+    member: u32,
+    payload: &[u8; 32],
+) -> [u8; 32] {
+    let mut h = blake3::Hasher::new();
+    h.update(b"cohort-evidence-v1");
+    h.update(job);
+    h.update(&epoch.to_le_bytes());
+    h.update(&step.to_le_bytes());
+    h.update(&member.to_le_bytes());
+    h.update(payload);
+    *h.finalize().as_bytes()
+}
+
+/// Steps back whose payload hashes a new payload must not repeat.
+pub const RECENT_STEPS: u32 = 8;
+
+/// The screen's verdict on one step: what every node computes identically
+/// from the step's payloads before applying it.
+#[derive(Debug, Clone, Default)]
+pub struct StepScreen {
+    pub screens: Vec<Screen>,
+    pub hashes: Vec<[u8; 32]>,
+    /// The vote each payload gets: 0 when flagged, for every copy of a
+    /// payload but the first, and for a payload re-sent from `recent`.
+    pub weights: Vec<i32>,
+}
+
+/// Screens one step's payloads and weighs their votes (see [`screen`]).
+pub fn screen_step(
+    layout: &Layout,
+    payloads: &[&Payload],
+    recent: &[[u8; 32]],
+    cfg: &AuditConfig,
+) -> StepScreen {
+    let screens = screen(layout, payloads, recent);
+    let hashes: Vec<[u8; 32]> = payloads.iter().map(|p| payload_hash(p)).collect();
+    let weights = (0..payloads.len())
+        .map(|j| {
+            let first_copy = hashes[..j].iter().all(|h| *h != hashes[j]);
+            let flagged = screens[j].flagged(cfg) && !screens[j].duplicate;
+            i32::from(first_copy && !flagged && !recent.contains(&hashes[j]))
+        })
+        .collect();
+    StepScreen {
+        screens,
+        hashes,
+        weights,
+    }
 }
 
 /// Whether `member`'s contribution to `step` is audited at random. `reveal`
@@ -144,6 +228,9 @@ impl Screen {
     }
 }
 
+/// Payloads a step needs before the screen judges support and agreement.
+pub const MIN_SCREENED: usize = 3;
+
 /// Screens every payload of one step against the others. `recent` holds
 /// payload hashes from earlier steps (a re-sent payload is a duplicate).
 /// Costs one pass over the votes: no gradient is computed.
@@ -194,6 +281,16 @@ pub fn screen(layout: &Layout, payloads: &[&Payload], recent: &[[u8; 32]]) -> Ve
                 }
             }
         }
+    }
+    // With fewer than three payloads there is no majority to be judged
+    // against: a lone honest payload would look like garbage. Only copies
+    // are flagged then (random audits still apply).
+    if payloads.len() < MIN_SCREENED {
+        for s in out.iter_mut() {
+            s.support = 1.0;
+            s.agreement = 1.0;
+        }
+        return out;
     }
     for (m, s) in out.iter_mut().enumerate() {
         s.support = support[m] as f32 / total[m].max(1) as f32;
@@ -256,6 +353,21 @@ mod tests {
     }
 
     #[test]
+    fn a_revealed_momentum_round_trips_and_matches_its_commitment() {
+        let m = vec![vec![1.0, -2.5], vec![0.25; 3]];
+        let bytes = encode_momentum(&m);
+        assert_eq!(momentum_hash_bytes(&bytes), momentum_hash(&m));
+        assert_eq!(decode_momentum(&bytes, &m), Some(m.clone()));
+        assert_eq!(decode_momentum(&bytes[4..], &m), None, "short");
+        let mut nan = bytes.clone();
+        nan[..4].copy_from_slice(&f32::NAN.to_le_bytes());
+        assert_eq!(decode_momentum(&nan, &m), None, "not finite");
+        let mut other = m.clone();
+        other[1][2] = 0.5;
+        assert_ne!(momentum_hash(&other), momentum_hash(&m));
+    }
+
+    #[test]
     fn sampling_is_seeded_and_near_its_rate() {
         let reveal = [7; 32];
         let hits = (0..20_000)
@@ -289,5 +401,10 @@ mod tests {
         assert!(s[4].flagged(&cfg), "garbage {:?}", s[4]);
         assert!(s[5].duplicate && s[0].duplicate, "copy and its original");
         assert!(s[6].duplicate, "re-sent");
+        // Two payloads have no majority: neither is judged, copies still are.
+        let pair = screen(&l, &[&honest[0], &garbage], &[]);
+        assert!(pair.iter().all(|s| !s.flagged(&cfg)), "{pair:?}");
+        let copies = screen(&l, &[&honest[0], &copy], &[]);
+        assert!(copies.iter().all(|s| s.duplicate));
     }
 }

@@ -154,6 +154,24 @@ impl Trainer {
         self.compress_as(momentum, &grads)
     }
 
+    /// [`Self::recompute`] on `weights` instead of the current ones: the
+    /// P2P node computes step t on the weights before step t-1 was applied,
+    /// so its witnesses audit on those (kept for a few steps).
+    pub fn recompute_on(
+        &mut self,
+        weights: &ParamSet,
+        seed: &[u8; 32],
+        epoch: u32,
+        step: u32,
+        index: u32,
+        momentum: &[Vec<f32>],
+    ) -> Result<crate::compress::Payload, EngineError> {
+        let current = std::mem::replace(&mut self.params, weights.clone());
+        let out = self.recompute(seed, epoch, step, index, momentum);
+        self.params = current;
+        out
+    }
+
     /// Compresses `grads` from `momentum` as a member with that momentum
     /// would (the witness side of an audit).
     pub fn compress_as(

@@ -285,6 +285,80 @@ fn processes_train_one_model_through_a_kill_a_restart_and_a_late_joiner() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Proof of contribution over the network, once per attack (a free-rider,
+/// then a sign-flipper) with one of four processes attacking: every node
+/// screens its payloads out of the vote, the witnesses fetch its momentum
+/// and recompute, a quorum of accusations slashes it, and from then on no
+/// manifest lists it. (Five processes overload two cores.)
+#[test]
+fn attackers_are_audited_slashed_and_dropped_from_manifests_over_the_network() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    for mode in ["free-rider", "sign-flip"] {
+        audited_run(mode);
+    }
+}
+
+fn audited_run(mode: &str) {
+    let (n, steps, attacker) = (4, 16, 3);
+    let ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
+    let mut peers: Vec<Peer> = (0..n)
+        .map(|i| {
+            let mut c = peer_cmd(&format!("audited-{mode}"), i, n, steps, &ports);
+            c.args(["--witnesses", "0,1,2,3", "--quorum", "2"]);
+            if i == attacker {
+                c.args(["--adversary", mode]);
+            }
+            Peer::spawn(&mut c)
+        })
+        .collect();
+    let done: Vec<String> = peers
+        .iter_mut()
+        .map(|p| p.finish(Duration::from_secs(180)))
+        .collect();
+    for (i, d) in done.iter().enumerate() {
+        assert!(d.contains(r#""slashed":[3]"#), "{mode}: member {i}: {d}");
+    }
+    // Every member applied the same manifests with the same weights.
+    let finals: Vec<&str> = done.iter().map(|d| field(d, "hash").unwrap()).collect();
+    assert!(finals.iter().all(|h| *h == finals[0]), "{mode}: {finals:?}");
+    assert!(assert_agree(&peers.iter().collect::<Vec<_>>()) > 0);
+    // The honest witnesses audited, and only the attacker failed.
+    let mut failed = 0;
+    for p in &peers[..attacker] {
+        for l in p
+            .lines()
+            .iter()
+            .filter(|l| l.contains(r#""event":"audited""#))
+        {
+            let member: usize = field(l, "member").unwrap().parse().unwrap();
+            let passed = field(l, "passed") == Some("true");
+            assert_eq!(passed, member != attacker, "{mode}: {l}");
+            failed += usize::from(!passed);
+        }
+    }
+    assert!(failed >= 2, "{mode}: {failed} failed audits");
+    // Slashed within the first steps, then left out of every manifest.
+    let slashed_at: u32 = peers[0]
+        .lines()
+        .iter()
+        .find(|l| l.contains(r#""event":"slashed""#))
+        .and_then(|l| field(l, "step")?.parse().ok())
+        .unwrap_or_else(|| panic!("{mode}: never slashed"));
+    assert!(slashed_at < 4, "{mode}: slashed only at step {slashed_at}");
+    for l in peers[0]
+        .lines()
+        .iter()
+        .filter(|l| l.contains(r#""event":"applied""#))
+    {
+        let step: u32 = field(l, "step").unwrap().parse().unwrap();
+        let list = l.split("\"contributors\":").nth(1).unwrap();
+        let list = &list[..=list.find(']').unwrap()];
+        if step > slashed_at + 3 {
+            assert!(!list.contains('3'), "{mode}: step {step} lists {list}");
+        }
+    }
+}
+
 /// Network namespaces joined by a veth pair: a real link between two
 /// network stacks. Needs `ip netns` (root); skips with a message otherwise.
 #[test]

@@ -18,9 +18,14 @@ use tauri_bundler::{
 };
 use tauri_utils::config::Config;
 
-/// The repository root (where `tauri.conf.json` lives).
+/// The repository root (where `tauri.conf.json` lives). Cargo names the
+/// running package's folder (a direct child of the root) at run time too;
+/// that one wins, because a build cache shared between checkouts can hold
+/// this crate compiled in another folder.
 pub fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from)
+        .join("..")
 }
 
 /// The bundler's name for each format we accept on the command line.

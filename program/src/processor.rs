@@ -599,7 +599,7 @@ impl<'a, 'b> Ctx<'a, 'b> {
         if job.epochs_started >= job.spec.epochs {
             return Err(err(CohortError::InvalidJobState));
         }
-        if job.member_count < job.spec.min_nodes as u32 {
+        if job.member_count < job.members_to_start() {
             return Err(err(CohortError::NotEnoughMembers));
         }
         let index = job.epochs_started;

@@ -422,6 +422,17 @@ impl Job {
         self.epochs_started.checked_sub(1)
     }
 
+    /// Members needed to start the next epoch: `min_nodes` to begin, then
+    /// enough to attest (a quorum), so a member slashed or gone mid-job
+    /// does not strand the others.
+    pub fn members_to_start(&self) -> u32 {
+        if self.state == JobState::Open {
+            self.spec.min_nodes as u32
+        } else {
+            (self.spec.quorum as u32).max(1)
+        }
+    }
+
     /// Lamports owed to members for `points` cumulative contributions: a node that
     /// contributes every step of an epoch earns exactly `max_price` for it.
     pub fn points_value(&self, points: u64) -> Option<u64> {

@@ -16,6 +16,7 @@ use solana_rpc_client_api::config::{RpcAccountInfoConfig, RpcProgramAccountsConf
 use solana_rpc_client_api::filter::{Memcmp, RpcFilterType};
 use solana_rpc_client_api::request::{RpcError, RpcResponseErrorData};
 use solana_rpc_client_api::response::UiAccountEncoding;
+use solana_sdk::hash::Hash;
 use solana_sdk::instruction::{Instruction, InstructionError};
 use solana_sdk::pubkey::Pubkey;
 use solana_sdk::signature::{Keypair, Signature, Signer};
@@ -108,7 +109,30 @@ impl Chain {
     ) -> Result<Signature> {
         let mut all = vec![payer];
         all.extend_from_slice(signers);
-        let mut tx: Option<Transaction> = None;
+        let sign = |h: Hash| {
+            Some(Transaction::new_signed_with_payer(
+                ixs,
+                Some(&payer.pubkey()),
+                &all,
+                h,
+            ))
+        };
+        self.deliver(what, None, &sign).await
+    }
+
+    /// Sends a transaction several parties signed (a fraud report and its
+    /// witnesses' co-signatures). It cannot be signed again, so it is
+    /// retried only while its blockhash lives.
+    pub async fn send_signed(&self, what: &str, t: Transaction) -> Result<Signature> {
+        self.deliver(what, Some(t), &|_| None).await
+    }
+
+    async fn deliver(
+        &self,
+        what: &str,
+        mut tx: Option<Transaction>,
+        sign: &(dyn Fn(Hash) -> Option<Transaction> + Sync),
+    ) -> Result<Signature> {
         let mut wait = Duration::from_millis(250);
         for attempt in 1..=ATTEMPTS {
             let t = match tx.take() {
@@ -120,9 +144,9 @@ impl Chain {
                         .await
                         .map_err(|e| self.fail(what, e));
                     match blockhash {
-                        Ok(h) => {
-                            Transaction::new_signed_with_payer(ixs, Some(&payer.pubkey()), &all, h)
-                        }
+                        Ok(h) => sign(h).ok_or_else(|| {
+                            anyhow!("{what}: its blockhash expired before it landed")
+                        })?,
                         Err(e) if attempt < ATTEMPTS => {
                             log_retry(what, &e, wait);
                             tokio::time::sleep(wait).await;

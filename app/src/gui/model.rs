@@ -40,6 +40,9 @@ pub struct Training {
     pub comm: f64,
     pub contributors: usize,
     pub peers: Vec<Peer>,
+    /// Audits this node ran as a witness, and how many failed.
+    pub audits: u32,
+    pub audits_failed: u32,
     pub paused: bool,
     pub lines: VecDeque<String>,
     pub finished: Option<Result<String, String>>,
@@ -217,6 +220,10 @@ impl Model {
                         }
                     })
                     .collect();
+            }
+            NodeUpdate::Audit(passed) => {
+                t.audits += 1;
+                t.audits_failed += u32::from(!passed);
             }
             NodeUpdate::Finished(r) => t.finished = Some(r),
         }

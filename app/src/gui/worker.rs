@@ -91,6 +91,8 @@ pub enum NodeUpdate {
     Line(String),
     Step(node::StepProgress),
     Links(Vec<cohort_engine::net::node::PeerLink>),
+    /// An audit this node ran as a witness: whether it passed.
+    Audit(bool),
     Finished(Result<String, String>),
 }
 
@@ -507,6 +509,7 @@ impl Worker {
             benchmark: self.attestation,
             pause: pause.clone(),
             device: self.settings.gpu.choice(),
+            adversary: None,
         };
         let sink = self.sink.clone();
         let task = tokio::spawn(async move {
@@ -515,6 +518,7 @@ impl Worker {
                     Progress::Line(l) => NodeUpdate::Line(l.to_string()),
                     Progress::Step(s) => NodeUpdate::Step(s),
                     Progress::Links(l) => NodeUpdate::Links(l.to_vec()),
+                    Progress::Audit(a) => NodeUpdate::Audit(a.passed),
                 }))
             };
             let r = node::run_with(&chain, &me, &o, &report).await;

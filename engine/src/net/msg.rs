@@ -13,6 +13,8 @@
 //!              | state_hash [32] | parent [32] | count u16
 //!              | count × (member u32 | hash [32])
 //! heartbeat := job [32] | member u32 | seq u64 | ready_from u32 | applied u32
+//! accuse    := job [32] | epoch u32 | step u32 | accused u32 | witness u32
+//!              | evidence [32] | overlap u16 | agreement u16   (basis points)
 //! ```
 
 use cohort_program::codec::Reader;
@@ -103,11 +105,29 @@ pub struct Heartbeat {
     pub applied: u32,
 }
 
+/// A witness's signed statement that one contribution failed its audit.
+/// A quorum of them from the epoch's witnesses slashes the member.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Accuse {
+    pub job: [u8; 32],
+    pub epoch: u32,
+    pub step: u32,
+    pub accused: u32,
+    pub witness: u32,
+    /// [`crate::audit::evidence_id`] of the contribution.
+    pub evidence: [u8; 32],
+    /// What the witness measured, in basis points (0 when the member
+    /// withheld or misstated its momentum).
+    pub overlap: u16,
+    pub agreement: u16,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Body {
     Announce(Announce),
     Manifest(Manifest),
     Heartbeat(Heartbeat),
+    Accuse(Accuse),
 }
 
 impl Body {
@@ -116,6 +136,7 @@ impl Body {
             Body::Announce(a) => &a.job,
             Body::Manifest(m) => &m.job,
             Body::Heartbeat(h) => &h.job,
+            Body::Accuse(a) => &a.job,
         }
     }
     /// The member index the signer claims to be.
@@ -124,6 +145,7 @@ impl Body {
             Body::Announce(a) => a.member,
             Body::Manifest(m) => m.leader,
             Body::Heartbeat(h) => h.member,
+            Body::Accuse(a) => a.witness,
         }
     }
     fn kind(&self) -> u8 {
@@ -131,6 +153,7 @@ impl Body {
             Body::Announce(_) => 1,
             Body::Manifest(_) => 2,
             Body::Heartbeat(_) => 3,
+            Body::Accuse(_) => 4,
         }
     }
 }
@@ -204,6 +227,16 @@ fn body_bytes(body: &Body, out: &mut Vec<u8>) {
             out.extend_from_slice(&h.seq.to_le_bytes());
             out.extend_from_slice(&h.ready_from.to_le_bytes());
             out.extend_from_slice(&h.applied.to_le_bytes());
+        }
+        Body::Accuse(a) => {
+            out.extend_from_slice(&a.job);
+            out.extend_from_slice(&a.epoch.to_le_bytes());
+            out.extend_from_slice(&a.step.to_le_bytes());
+            out.extend_from_slice(&a.accused.to_le_bytes());
+            out.extend_from_slice(&a.witness.to_le_bytes());
+            out.extend_from_slice(&a.evidence);
+            out.extend_from_slice(&a.overlap.to_le_bytes());
+            out.extend_from_slice(&a.agreement.to_le_bytes());
         }
     }
 }
@@ -288,6 +321,16 @@ fn parse_body(r: &mut Reader) -> Result<Body, cohort_program::codec::CodecError>
             ready_from: r.u32()?,
             applied: r.u32()?,
         }),
+        4 => Body::Accuse(Accuse {
+            job: r.array()?,
+            epoch: r.u32()?,
+            step: r.u32()?,
+            accused: r.u32()?,
+            witness: r.u32()?,
+            evidence: r.array()?,
+            overlap: r.u16()?,
+            agreement: r.u16()?,
+        }),
         _ => return Err(cohort_program::codec::CodecError),
     })
 }
@@ -325,12 +368,26 @@ pub fn open(raw: &[u8]) -> Result<Signed, Drop> {
 }
 
 /// Blob requests over request-response: payloads by hash, missed
-/// manifests, and checkpoint chunks for joiners.
+/// manifests, checkpoint chunks for joiners, a member's momentum for an
+/// audit, and a witness's co-signature on a fraud report.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request {
     Payload([u8; 32]),
-    Manifest { step: u32 },
-    Snapshot { step: u32, offset: u32 },
+    Manifest {
+        step: u32,
+    },
+    Snapshot {
+        step: u32,
+        offset: u32,
+    },
+    /// The momentum this member committed to in its contribution to `step`
+    /// (answered in chunks, as a snapshot is).
+    Momentum {
+        step: u32,
+        offset: u32,
+    },
+    /// A Solana transaction message to co-sign (see `Cosigner`).
+    Cosign(Vec<u8>),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -343,11 +400,16 @@ pub enum Response {
         offset: u32,
         chunk: Vec<u8>,
     },
+    /// An ed25519 signature over the message of a `Cosign` request.
+    Signature([u8; 64]),
     NotFound,
 }
 
-/// Largest request on the wire.
-pub const MAX_REQUEST: usize = 64;
+/// Largest Solana transaction message a witness is asked to co-sign (the
+/// packet size).
+pub const MAX_COSIGN: usize = 1232;
+/// Largest request on the wire: a co-sign request.
+pub const MAX_REQUEST: usize = 1 + MAX_COSIGN;
 /// Snapshots larger than one chunk are fetched in pieces of this size.
 pub const SNAPSHOT_CHUNK: usize = 256 * 1024;
 /// Largest response: a chunk or a payload (the largest model we ship has
@@ -360,6 +422,7 @@ impl Response {
         match self {
             Response::Payload(b) | Response::Manifest(b) => b.len(),
             Response::Snapshot { chunk, .. } => chunk.len(),
+            Response::Signature(_) => 64,
             Response::NotFound => 0,
         }
     }
@@ -382,6 +445,15 @@ impl Request {
                 out.extend_from_slice(&step.to_le_bytes());
                 out.extend_from_slice(&offset.to_le_bytes());
             }
+            Request::Momentum { step, offset } => {
+                out.push(3);
+                out.extend_from_slice(&step.to_le_bytes());
+                out.extend_from_slice(&offset.to_le_bytes());
+            }
+            Request::Cosign(message) => {
+                out.push(4);
+                out.extend_from_slice(message);
+            }
         }
         out
     }
@@ -396,6 +468,13 @@ impl Request {
                 step: r.u32().ok()?,
                 offset: r.u32().ok()?,
             },
+            3 => Request::Momentum {
+                step: r.u32().ok()?,
+                offset: r.u32().ok()?,
+            },
+            4 if buf.len() > 1 && buf.len() <= MAX_REQUEST => {
+                return Some(Request::Cosign(buf[1..].to_vec()));
+            }
             _ => return None,
         };
         (r.remaining() == 0).then_some(req)
@@ -425,6 +504,10 @@ impl Response {
                 out.extend_from_slice(chunk);
             }
             Response::NotFound => out.push(3),
+            Response::Signature(sig) => {
+                out.push(4);
+                out.extend_from_slice(sig);
+            }
         }
         out
     }
@@ -439,6 +522,7 @@ impl Response {
                 chunk: rest[8..].to_vec(),
             },
             3 if rest.is_empty() => Response::NotFound,
+            4 => Response::Signature(rest.try_into().ok()?),
             _ => return None,
         })
     }
@@ -492,6 +576,16 @@ mod tests {
                 momentum_hash: [8; 32],
                 len: 600,
                 produced_us: 12,
+            }),
+            Body::Accuse(Accuse {
+                job: [7; 32],
+                epoch: 1,
+                step: 9,
+                accused: 2,
+                witness: 0,
+                evidence: [6; 32],
+                overlap: 1200,
+                agreement: 4999,
             }),
         ] {
             let raw = sign(&body, &k);
@@ -553,6 +647,8 @@ mod tests {
                 step: 2,
                 offset: 1 << 18,
             },
+            Request::Momentum { step: 5, offset: 7 },
+            Request::Cosign(vec![1; MAX_COSIGN]),
         ] {
             assert_eq!(Request::decode(&r.encode()), Some(r));
         }
@@ -564,10 +660,16 @@ mod tests {
                 offset: 4,
                 chunk: vec![5; 6],
             },
+            Response::Signature([8; 64]),
             Response::NotFound,
         ] {
             assert_eq!(Response::decode(&r.encode()), Some(r));
         }
+        assert_eq!(Request::decode(&[4]), None, "empty message");
+        let mut long = Request::Cosign(vec![1; MAX_COSIGN]).encode();
+        long.push(0);
+        assert_eq!(Request::decode(&long), None, "longer than a packet");
+        assert_eq!(Response::decode(&[4, 1, 2]), None, "short signature");
         assert_eq!(Request::decode(&[9]), None);
         assert_eq!(Request::decode(&[1, 0, 0, 0, 0, 0]), None);
     }

@@ -4,14 +4,20 @@
 //! I/O except where the protocol says it must (the manifest of step t-1
 //! before computing step t+1).
 
-use super::msg::{self, Announce, Body, Drop, Heartbeat, Manifest, Request, Response, Signed};
+use super::msg::{
+    self, Accuse, Announce, Body, Drop, Heartbeat, Manifest, Request, Response, Signed,
+};
 use super::shaper::Link;
 use super::step::{Action, KEEP, StepMachine, Timing, Verdict};
 use super::swarm::{self, Behaviour, BehaviourEvent};
+use crate::adversary::{self, Attack, Mode};
+use crate::audit::{self, AuditConfig, Comparison, StepScreen};
 use crate::backend::GradientEngine;
+use crate::compress::Payload;
 use crate::data::Corpus;
 use crate::error::EngineError;
-use crate::trainer::{Identity, TrainConfig, Trainer};
+use crate::params::ParamSet;
+use crate::trainer::{Identity, StepStats, TrainConfig, Trainer};
 use crate::wire::Contribution;
 use libp2p::futures::StreamExt;
 use libp2p::gossipsub::{self, IdentTopic, MessageAcceptance};
@@ -19,13 +25,74 @@ use libp2p::identity::ed25519;
 use libp2p::request_response::{self, OutboundRequestId};
 use libp2p::swarm::SwarmEvent;
 use libp2p::{Multiaddr, PeerId, Swarm, ping};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc as std_mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
+
+/// Decides whether this node co-signs a message a fellow witness sent it.
+/// It is called with the message and the keys of the members this node
+/// itself accused; the application parses the message (the engine knows
+/// no Solana types) and only what it accepts is signed with the node key.
+#[derive(Clone)]
+pub struct Cosigner(pub Arc<CosignCheck>);
+
+/// `(message, keys of the members this node accused) -> sign it?`
+pub type CosignCheck = dyn Fn(&[u8], &[[u8; 32]]) -> bool + Send + Sync;
+
+impl std::fmt::Debug for Cosigner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Cosigner")
+    }
+}
+
+/// Proof of contribution for one epoch (see [`crate::audit`]). Every node
+/// screens each step's payloads the same way; the epoch's witnesses also
+/// audit, and a quorum of their accusations slashes a member.
+#[derive(Debug, Clone, Default)]
+pub struct Defence {
+    pub audit: AuditConfig,
+    /// The epoch's witness committee (member indices): only their
+    /// accusations count, and this node audits when it is one of them.
+    pub witnesses: Vec<u32>,
+    /// Tests and benchmarks only: this member attacks. Modes that need the
+    /// step's honest payloads use the previous step's (a real attacker
+    /// cannot see the others' payloads before sending its own).
+    pub adversary: Option<Mode>,
+    pub cosigner: Option<Cosigner>,
+}
+
+/// One audit this node ran as a witness.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AuditReport {
+    pub step: u32,
+    pub member: u32,
+    pub passed: bool,
+    /// Drawn because the screen flagged the payload (else at random).
+    pub targeted: bool,
+    /// None when the member withheld or misstated its momentum.
+    pub comparison: Option<Comparison>,
+    /// Compute the recomputation took.
+    pub secs: f64,
+    /// [`audit::evidence_id`] of the audited contribution.
+    pub evidence: [u8; 32],
+}
+
+/// Requests from the application to a running node.
+#[derive(Debug)]
+pub enum Control {
+    /// Ask members `from` to co-sign `message` (a fraud report they must
+    /// agree with, see [`Cosigner`]); answers with the signatures given
+    /// within 10 s.
+    Cosign {
+        message: Vec<u8>,
+        from: Vec<u32>,
+        reply: oneshot::Sender<Vec<(u32, [u8; 64])>>,
+    },
+}
 
 #[derive(Debug, Clone)]
 pub struct NodeConfig {
@@ -70,6 +137,7 @@ pub struct NodeConfig {
     /// device back) but keeps applying every step, so it stays in sync and
     /// can resume at once. Steps it skipped earn it nothing.
     pub pause: Arc<AtomicBool>,
+    pub defence: Defence,
 }
 
 /// Where each step's time went on this node.
@@ -115,6 +183,16 @@ pub enum NodeEvent {
     },
     /// What this node sees of each other member's link, every 2 s.
     Links(Vec<PeerLink>),
+    /// This node, as a witness, audited a contribution.
+    Audited(AuditReport),
+    /// A quorum of witnesses accused `member`: it is left out of manifests
+    /// from now on. `witnesses` are the accusers, lowest index first.
+    Slashed {
+        member: u32,
+        step: u32,
+        witnesses: Vec<u32>,
+        evidence: [u8; 32],
+    },
 }
 
 /// One other member's link, as this node sees it.
@@ -140,6 +218,14 @@ pub struct NodeStats {
     pub bytes_out: u64,
     pub applied: u32,
     pub model_hash: [u8; 32],
+    /// Audits this node ran as a witness, and how many failed.
+    pub audits: u64,
+    pub audits_failed: u64,
+    /// Compute spent on audits and on this node's own contributions.
+    pub audit_secs: f64,
+    pub compute_secs: f64,
+    /// Members slashed by a quorum of accusations.
+    pub slashed: BTreeSet<u32>,
 }
 
 impl NodeStats {
@@ -178,6 +264,16 @@ enum ToTrainer {
         last_produced_us: u64,
         same_history: bool,
     },
+    /// A momentum revealed for an audit; None when the member withheld it,
+    /// or (`lied`) sent one that does not match its commitment.
+    Audit {
+        step: u32,
+        member: u32,
+        momentum: Option<Vec<u8>>,
+        lied: bool,
+    },
+    /// A member was slashed: it no longer audits anyone.
+    Slashed(u32),
 }
 
 enum FromTrainer {
@@ -189,7 +285,16 @@ enum FromTrainer {
     Contribution {
         announce: Announce,
         bytes: Vec<u8>,
+        /// The momentum it committed to, encoded: revealed when audited.
+        momentum: Arc<Vec<u8>>,
+        compute_secs: f64,
     },
+    /// Contributions of `step` this witness audits: fetch their momenta.
+    AuditTargets {
+        step: u32,
+        targets: Vec<(u32, [u8; 32])>,
+    },
+    Audited(AuditReport),
     Applied {
         step: u32,
         state_hash: [u8; 32],
@@ -217,6 +322,280 @@ fn now_us() -> u64 {
         .map_or(0, |d| d.as_micros() as u64)
 }
 
+/// The shared state as hashed in manifests and sent to joiners: the
+/// trainer's snapshot, then the payload hashes of the last steps (what the
+/// screen compares new payloads with), so a node that syncs screens each
+/// later step exactly as the others do.
+fn encode_state(mut trainer_snapshot: Vec<u8>, recent: &BTreeMap<u32, Vec<[u8; 32]>>) -> Vec<u8> {
+    let start = trainer_snapshot.len();
+    for (step, hashes) in recent {
+        trainer_snapshot.extend_from_slice(&step.to_le_bytes());
+        trainer_snapshot.extend_from_slice(&(hashes.len() as u32).to_le_bytes());
+        for h in hashes {
+            trainer_snapshot.extend_from_slice(h);
+        }
+    }
+    let trailer = (trainer_snapshot.len() - start) as u32;
+    trainer_snapshot.extend_from_slice(&trailer.to_le_bytes());
+    trainer_snapshot
+}
+
+type Recent = BTreeMap<u32, Vec<[u8; 32]>>;
+
+fn decode_state(buf: &[u8]) -> Result<(&[u8], Recent), String> {
+    let bad = || "malformed shared state".to_string();
+    let n = buf.len().checked_sub(4).ok_or_else(bad)?;
+    let trailer = u32::from_le_bytes(buf[n..].try_into().map_err(|_| bad())?) as usize;
+    let start = n.checked_sub(trailer).ok_or_else(bad)?;
+    let mut r = cohort_program::codec::Reader::new(&buf[start..n]);
+    let mut recent = BTreeMap::new();
+    while r.remaining() > 0 {
+        let step = r.u32().map_err(|_| bad())?;
+        let count = r.u32().map_err(|_| bad())? as usize;
+        if count > r.remaining() / 32 {
+            return Err(bad());
+        }
+        let hashes = (0..count)
+            .map(|_| r.array::<32>())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|_| bad())?;
+        recent.insert(step, hashes);
+    }
+    Ok((&buf[..start], recent))
+}
+
+/// Weight states a witness keeps to audit on (see [`Guard::weights_at`]).
+/// Audits run while the trainer waits for manifests, so on a busy machine
+/// one can trail its step by several applies.
+const KEEP_WEIGHTS: usize = 8;
+
+/// The training thread's side of proof of contribution: the screen's
+/// memory, and a witness's pending audits.
+struct Guard {
+    cfg: AuditConfig,
+    witness: bool,
+    witnesses: Vec<u32>,
+    /// Payload hashes applied per step: the screen's memory of recent steps.
+    recent: Recent,
+    /// Weights after s updates, for the last few s (witnesses only). The
+    /// node computes step t on the weights after t-1 updates (pipelining),
+    /// so that is what an audit of step t recomputes on.
+    weights_at: BTreeMap<u32, ParamSet>,
+    /// Contributions drawn for audit, waiting for their momenta, with
+    /// whether the screen drew them.
+    awaiting: BTreeMap<(u32, u32), (Contribution, bool)>,
+}
+
+impl Guard {
+    fn remember(&mut self, t: &Trainer) {
+        if !self.witness {
+            return;
+        }
+        // Anything kept past this step belongs to an abandoned history.
+        self.weights_at.retain(|s, _| *s < t.step());
+        self.awaiting.retain(|(s, _), _| *s < t.step());
+        self.weights_at.insert(t.step(), t.params().clone());
+        while self.weights_at.len() > KEEP_WEIGHTS {
+            self.weights_at.pop_first();
+        }
+    }
+
+    /// Screens step `step`'s contributions (identically on every node) and
+    /// remembers their hashes for the steps that follow.
+    fn screen(
+        &mut self,
+        layout: &crate::compress::Layout,
+        step: u32,
+        cs: &[Contribution],
+    ) -> StepScreen {
+        let window: Vec<[u8; 32]> = self
+            .recent
+            .range(step.saturating_sub(audit::RECENT_STEPS)..step)
+            .flat_map(|(_, h)| h.iter().copied())
+            .collect();
+        let refs: Vec<&Payload> = cs.iter().map(|c| &c.payload).collect();
+        let verdict = audit::screen_step(layout, &refs, &window, &self.cfg);
+        self.recent.insert(step, verdict.hashes.clone());
+        self.recent
+            .retain(|s, _| *s + audit::RECENT_STEPS > step && *s <= step);
+        verdict
+    }
+
+    /// The contributions of `step` this witness audits: every one the
+    /// screen flagged, and the others with probability `rate`, drawn from
+    /// the manifest id (known only once the step is over).
+    fn draw(
+        &mut self,
+        me: u32,
+        manifest: &Manifest,
+        members: &[u32],
+        cs: &[Contribution],
+        verdict: &StepScreen,
+    ) -> Vec<(u32, [u8; 32])> {
+        if !self.witness {
+            return Vec::new();
+        }
+        let reveal = manifest.id();
+        let mut out = Vec::new();
+        for ((member, c), screen) in members.iter().zip(cs).zip(&verdict.screens) {
+            let targeted = screen.flagged(&self.cfg);
+            if *member == me
+                || !(targeted || audit::sampled(&reveal, manifest.step, *member, self.cfg.rate))
+                || !self.designated(me, &reveal, *member)
+            {
+                continue;
+            }
+            self.awaiting
+                .insert((manifest.step, *member), (c.clone(), targeted));
+            out.push((*member, c.momentum_hash));
+        }
+        out
+    }
+
+    /// Whether `me` is one of the `quorum` witnesses, drawn from `reveal`,
+    /// that audit `member`'s contribution: enough to slash it if all of
+    /// them fail it, without every witness paying for every audit.
+    fn designated(&self, me: u32, reveal: &[u8; 32], member: u32) -> bool {
+        let eligible: Vec<u32> = self
+            .witnesses
+            .iter()
+            .copied()
+            .filter(|w| *w != member)
+            .collect();
+        let Some(pos) = eligible.iter().position(|w| *w == me) else {
+            return false;
+        };
+        let n = eligible.len();
+        let mut h = blake3::Hasher::new();
+        h.update(b"cohort-auditors-v1");
+        h.update(reveal);
+        h.update(&member.to_le_bytes());
+        let d = h.finalize();
+        let start = u64::from_le_bytes(d.as_bytes()[..8].try_into().unwrap_or([0; 8])) as usize % n;
+        (pos + n - start) % n < self.cfg.quorum.max(1)
+    }
+
+    /// Runs one audit once its momentum is in (or known to be withheld).
+    /// None when there is nothing to decide: not drawn, the weights are no
+    /// longer kept, or a randomly drawn member did not answer (it may have
+    /// restarted; a withheld momentum only counts against a flagged payload).
+    fn audit(
+        &mut self,
+        trainer: &mut Trainer,
+        cfg: &NodeConfig,
+        step: u32,
+        member: u32,
+        momentum: Option<Vec<u8>>,
+        lied: bool,
+    ) -> Result<Option<AuditReport>, String> {
+        let Some((c, targeted)) = self.awaiting.remove(&(step, member)) else {
+            return Ok(None);
+        };
+        let Some(weights) = self.weights_at.get(&step.saturating_sub(1)) else {
+            eprintln!(
+                "member {}: audit of member {member} at step {step} skipped: its weights are no longer kept",
+                cfg.me
+            );
+            return Ok(None);
+        };
+        let evidence = audit::evidence_id(
+            &cfg.job,
+            cfg.epoch,
+            step,
+            member,
+            &audit::payload_hash(&c.payload),
+        );
+        let revealed = momentum.and_then(|m| audit::decode_momentum(&m, trainer.momentum()));
+        let Some(revealed) = revealed else {
+            if !(lied || targeted) {
+                return Ok(None);
+            }
+            return Ok(Some(AuditReport {
+                step,
+                member,
+                passed: false,
+                targeted,
+                comparison: None,
+                secs: 0.0,
+                evidence,
+            }));
+        };
+        let t0 = Instant::now();
+        let reference = trainer
+            .recompute_on(weights, &cfg.seed, cfg.epoch, step, member, &revealed)
+            .map_err(|e| e.to_string())?;
+        let cmp = audit::compare(trainer.layout(), &c.payload, &reference);
+        Ok(Some(AuditReport {
+            step,
+            member,
+            passed: cmp.passes(&self.cfg),
+            targeted,
+            comparison: Some(cmp),
+            secs: t0.elapsed().as_secs_f64(),
+            evidence,
+        }))
+    }
+}
+
+/// What an adversarial member remembers between steps.
+#[derive(Default)]
+struct Attacker {
+    first: Option<Payload>,
+    /// The other members' payloads of the last applied step.
+    seen: Vec<Payload>,
+}
+
+impl Attacker {
+    fn contribute(
+        &mut self,
+        trainer: &mut Trainer,
+        cfg: &NodeConfig,
+        mode: Mode,
+        step: u32,
+    ) -> Result<(Contribution, StepStats), EngineError> {
+        let momentum_hash = audit::momentum_hash(trainer.momentum());
+        let own = if mode.computes(self.first.is_none()) {
+            Some(trainer.compute_scaled(&cfg.seed, cfg.epoch, step, mode.grad_scale())?)
+        } else {
+            None
+        };
+        let seen: Vec<&Payload> = self.seen.iter().collect();
+        let seed =
+            *blake3::hash(&[&cfg.seed[..], &step.to_le_bytes(), &cfg.me.to_le_bytes()].concat())
+                .as_bytes();
+        let payload = adversary::forge(
+            mode,
+            &Attack {
+                layout: trainer.layout(),
+                honest: &seen,
+                own: own.as_ref().map(|o| &o.0.payload),
+                first: self.first.as_ref(),
+                seed,
+            },
+        );
+        self.first.get_or_insert_with(|| payload.clone());
+        let stats = own.as_ref().map_or(
+            StepStats {
+                loss: 0.0,
+                compute_secs: 0.0,
+            },
+            |o| o.1,
+        );
+        Ok((
+            Contribution {
+                job: cfg.job,
+                epoch: cfg.epoch,
+                step,
+                member: trainer.id.member,
+                train_loss: stats.loss,
+                momentum_hash,
+                payload,
+            },
+            stats,
+        ))
+    }
+}
+
 /// The training side: compute step t+1 while step t is exchanged.
 fn train_loop(
     cfg: NodeConfig,
@@ -226,6 +605,15 @@ fn train_loop(
 ) -> Result<(), String> {
     let layout = trainer.layout().clone();
     let send = |m: FromTrainer| tx.send(m).map_err(|_| "network task gone".to_string());
+    let mut guard = Guard {
+        cfg: cfg.defence.audit,
+        witness: cfg.defence.witnesses.contains(&cfg.me),
+        witnesses: cfg.defence.witnesses.clone(),
+        recent: BTreeMap::new(),
+        weights_at: BTreeMap::new(),
+        awaiting: BTreeMap::new(),
+    };
+    let mut attacker = Attacker::default();
     let mut resumed = false;
     if let Some(path) = &cfg.checkpoint
         && path.exists()
@@ -239,6 +627,14 @@ fn train_loop(
     })?;
     let syncing = cfg.join || resumed;
     let mut generation = 0;
+    // Loads a shared state (trainer snapshot and the screen's memory).
+    let load_state = |trainer: &mut Trainer, guard: &mut Guard, bytes: &[u8]| {
+        let (snapshot, recent) = decode_state(bytes)?;
+        trainer.load_snapshot(snapshot).map_err(|e| e.to_string())?;
+        guard.recent = recent;
+        guard.remember(trainer);
+        Ok::<(), String>(())
+    };
     loop {
         match rx.recv().map_err(|_| "network task gone".to_string())? {
             ToTrainer::Start => break,
@@ -246,7 +642,7 @@ fn train_loop(
                 bytes,
                 generation: g,
             } if syncing => {
-                trainer.load_snapshot(&bytes).map_err(|e| e.to_string())?;
+                load_state(&mut trainer, &mut guard, &bytes)?;
                 generation = g;
                 send(FromTrainer::Synced {
                     step: trainer.step(),
@@ -257,14 +653,15 @@ fn train_loop(
             _ => {}
         }
     }
-    let publish_state = |t: &Trainer| {
-        let snapshot = Arc::new(t.snapshot());
+    guard.remember(&trainer);
+    let publish_state = |t: &Trainer, guard: &Guard| {
+        let snapshot = Arc::new(encode_state(t.snapshot(), &guard.recent));
         let state_hash = *blake3::hash(&snapshot).as_bytes();
         (state_hash, snapshot)
     };
     // The state hash of the current weights, kept so each step encodes and
     // hashes the full state once (it is checked against the next manifest).
-    let (mut current_hash, snap) = publish_state(&trainer);
+    let (mut current_hash, snap) = publish_state(&trainer, &guard);
     send(FromTrainer::Applied {
         step: trainer.step(),
         state_hash: current_hash,
@@ -289,13 +686,14 @@ fn train_loop(
     // announced are never computed again: a second, different one for the
     // same step would be equivocation.
     let load = |trainer: &mut Trainer,
+                guard: &mut Guard,
                 bytes: &[u8],
                 generation: u64,
                 next_compute: &mut u32|
      -> Result<[u8; 32], String> {
-        trainer.load_snapshot(bytes).map_err(|e| e.to_string())?;
+        load_state(trainer, guard, bytes)?;
         *next_compute = (*next_compute).max(trainer.step() + 1);
-        let (hash, snapshot) = publish_state(trainer);
+        let (hash, snapshot) = publish_state(trainer, guard);
         send(FromTrainer::Applied {
             step: trainer.step(),
             state_hash: hash,
@@ -306,6 +704,17 @@ fn train_loop(
             generation,
         })?;
         Ok(hash)
+    };
+    let audit = |trainer: &mut Trainer,
+                 guard: &mut Guard,
+                 step: u32,
+                 member: u32,
+                 momentum: Option<Vec<u8>>,
+                 lied: bool| {
+        match guard.audit(trainer, &cfg, step, member, momentum, lied)? {
+            Some(report) => send(FromTrainer::Audited(report)),
+            None => Ok(()),
+        }
     };
     loop {
         while trainer.step() < cfg.steps {
@@ -319,9 +728,12 @@ fn train_loop(
                 continue;
             }
             if next_compute < cfg.steps && next_compute <= trainer.step() + 1 {
-                let (c, stats) = trainer
-                    .compute_step(&cfg.seed, cfg.epoch, next_compute)
-                    .map_err(|e| e.to_string())?;
+                let momentum = Arc::new(audit::encode_momentum(trainer.momentum()));
+                let (c, stats) = match cfg.defence.adversary {
+                    None => trainer.compute_step(&cfg.seed, cfg.epoch, next_compute),
+                    Some(mode) => attacker.contribute(&mut trainer, &cfg, mode, next_compute),
+                }
+                .map_err(|e| e.to_string())?;
                 compute_secs = stats.compute_secs;
                 loss = stats.loss;
                 let bytes = c.encode(&layout);
@@ -335,7 +747,12 @@ fn train_loop(
                     len: bytes.len() as u32,
                     produced_us: now_us(),
                 };
-                send(FromTrainer::Contribution { announce, bytes })?;
+                send(FromTrainer::Contribution {
+                    announce,
+                    bytes,
+                    momentum,
+                    compute_secs,
+                })?;
                 next_compute += 1;
                 if next_compute <= trainer.step() + 1 && next_compute < cfg.steps {
                     continue;
@@ -356,10 +773,19 @@ fn train_loop(
                         bytes,
                         generation: g,
                     } => {
-                        current_hash = load(&mut trainer, &bytes, g, &mut next_compute)?;
+                        current_hash =
+                            load(&mut trainer, &mut guard, &bytes, g, &mut next_compute)?;
                         generation = g;
                         break None;
                     }
+                    // Audits run while this node waits for the manifest.
+                    ToTrainer::Audit {
+                        step,
+                        member,
+                        momentum,
+                        lied,
+                    } => audit(&mut trainer, &mut guard, step, member, momentum, lied)?,
+                    ToTrainer::Slashed(m) => guard.witnesses.retain(|w| *w != m),
                     _ => {}
                 }
             };
@@ -391,13 +817,35 @@ fn train_loop(
                     _ => {}
                 }
             }
-            trainer.apply(&contributions).map_err(|e| e.to_string())?;
+            // Flagged and copied payloads get no vote; the screen is a pure
+            // function of the manifest's payloads and the recent steps', so
+            // every node weighs them alike and stays bit-identical.
+            let verdict = guard.screen(&layout, manifest.step, &contributions);
+            let targets = guard.draw(cfg.me, &manifest, &contributors, &contributions, &verdict);
+            if cfg.defence.adversary.is_some() {
+                attacker.seen = contributors
+                    .iter()
+                    .zip(&contributions)
+                    .filter(|(m, _)| **m != cfg.me)
+                    .map(|(_, c)| c.payload.clone())
+                    .collect();
+            }
+            trainer
+                .apply_weighted(&contributions, &verdict.weights)
+                .map_err(|e| e.to_string())?;
+            guard.remember(&trainer);
             if let Some(path) = &cfg.checkpoint {
                 trainer.save(path).map_err(|e| e.to_string())?;
             }
+            if !targets.is_empty() {
+                send(FromTrainer::AuditTargets {
+                    step: manifest.step,
+                    targets,
+                })?;
+            }
             let blocked = (unblocked.saturating_sub(blocked_from)) as f64 / 1e6;
             let wait = (last_produced_us.saturating_sub(blocked_from) as f64 / 1e6).min(blocked);
-            let (state_hash, snapshot) = publish_state(&trainer);
+            let (state_hash, snapshot) = publish_state(&trainer, &guard);
             current_hash = state_hash;
             send(FromTrainer::Applied {
                 step: trainer.step(),
@@ -422,7 +870,8 @@ fn train_loop(
             generation,
         })?;
         // The node lingers for its peers; a better manifest for one of the
-        // last steps can still rewind it until the network side hangs up.
+        // last steps can still rewind it until the network side hangs up,
+        // and the last steps' audits finish here.
         loop {
             match rx.recv() {
                 Err(_) => return Ok(()),
@@ -430,10 +879,16 @@ fn train_loop(
                     bytes,
                     generation: g,
                 }) => {
-                    current_hash = load(&mut trainer, &bytes, g, &mut next_compute)?;
+                    current_hash = load(&mut trainer, &mut guard, &bytes, g, &mut next_compute)?;
                     generation = g;
                     break;
                 }
+                Ok(ToTrainer::Audit {
+                    step,
+                    member,
+                    momentum,
+                    lied,
+                }) => audit(&mut trainer, &mut guard, step, member, momentum, lied)?,
                 Ok(_) => {}
             }
         }
@@ -445,6 +900,26 @@ enum Pending {
     Manifest,
     Backfill { step: u32, tries: u32 },
     Snapshot { step: u32, peer: PeerId },
+    Momentum { step: u32, member: u32 },
+    Cosign { round: u64, member: u32 },
+}
+
+/// A momentum being downloaded for an audit.
+struct Reveal {
+    /// What the member's contribution committed to.
+    hash: [u8; 32],
+    buf: Vec<u8>,
+    tries: u32,
+    /// The member answered at least once without the momentum.
+    refused: bool,
+}
+
+/// Co-signatures being gathered for the application.
+struct CosignRound {
+    waiting: BTreeSet<u32>,
+    got: Vec<(u32, [u8; 64])>,
+    reply: oneshot::Sender<Vec<(u32, [u8; 64])>>,
+    deadline: Instant,
 }
 
 /// A shared-state download in progress.
@@ -492,6 +967,20 @@ struct Net {
     debug: bool,
     done: Option<Instant>,
     peers_done: std::collections::BTreeSet<u32>,
+    /// This member's momentum before each of its recent contributions:
+    /// what it reveals when audited.
+    momenta: BTreeMap<u32, Arc<Vec<u8>>>,
+    /// Momentum downloads for audits: (step, member) → progress.
+    reveals: BTreeMap<(u32, u32), Reveal>,
+    /// Accusations heard: accused → witness → evidence.
+    accusations: BTreeMap<u32, BTreeMap<u32, [u8; 32]>>,
+    /// Members this node accused: the only ones it co-signs reports on.
+    accused_by_me: BTreeSet<u32>,
+    cosigns: HashMap<u64, CosignRound>,
+    next_round: u64,
+    /// When this node last saw a member slashed: its report may still need
+    /// this node's co-signature, so it does not leave at once.
+    last_slash: Option<Instant>,
 }
 
 impl Net {
@@ -577,6 +1066,7 @@ impl Net {
                 }
                 self.machine.on_ready(h.member, h.ready_from);
             }
+            Body::Accuse(a) => return self.on_accuse(&a),
         }
         MessageAcceptance::Accept
     }
@@ -730,17 +1220,214 @@ impl Net {
                 .manifests_raw
                 .get(&step)
                 .map_or(Response::NotFound, |b| Response::Manifest(b.clone())),
-            Request::Snapshot { step, offset } => match self.snapshots.get(&step) {
-                Some(s) if (offset as usize) <= s.len() => {
-                    let end = (offset as usize + msg::SNAPSHOT_CHUNK).min(s.len());
-                    Response::Snapshot {
-                        total: s.len() as u32,
-                        offset,
-                        chunk: s[offset as usize..end].to_vec(),
+            Request::Snapshot { step, offset } => chunk_of(self.snapshots.get(&step), offset),
+            Request::Momentum { step, offset } => chunk_of(self.momenta.get(&step), offset),
+            Request::Cosign(message) => {
+                let accused: Vec<[u8; 32]> = self
+                    .accused_by_me
+                    .iter()
+                    .filter_map(|m| self.cfg.members.get(*m as usize).copied())
+                    .collect();
+                let agrees = self
+                    .cfg
+                    .defence
+                    .cosigner
+                    .as_ref()
+                    .is_some_and(|c| !accused.is_empty() && (c.0)(&message, &accused));
+                match self.key.sign(&message).try_into() {
+                    Ok(sig) if agrees => Response::Signature(sig),
+                    _ => Response::NotFound,
+                }
+            }
+        }
+    }
+
+    /// Asks `member` for (the rest of) the momentum behind its contribution
+    /// to `step`.
+    fn ask_momentum(&mut self, step: u32, member: u32, offset: u32) {
+        let req = Request::Momentum { step, offset };
+        if !self.ask(member, req, Pending::Momentum { step, member }) {
+            self.reveal_failed(step, member, false);
+        }
+    }
+
+    /// A momentum request failed: try again from the start, up to 3 times,
+    /// then give up. Only a member that answered and refused (or sent
+    /// nonsense) withheld it; one we could not reach may have gone away
+    /// honestly, so its audit is dropped.
+    fn reveal_failed(&mut self, step: u32, member: u32, answered: bool) {
+        let Some(r) = self.reveals.get_mut(&(step, member)) else {
+            return;
+        };
+        r.tries += 1;
+        r.refused |= answered;
+        if self.debug {
+            eprintln!(
+                "[{}] momentum of {member} for step {step}: try {} failed (answered: {answered})",
+                self.cfg.me, r.tries
+            );
+        }
+        r.buf.clear();
+        if r.tries < 3 {
+            let req = Request::Momentum { step, offset: 0 };
+            if self.ask(member, req, Pending::Momentum { step, member }) {
+                return;
+            }
+        }
+        if self
+            .reveals
+            .remove(&(step, member))
+            .is_some_and(|r| r.refused)
+        {
+            let _ = self.to_trainer.send(ToTrainer::Audit {
+                step,
+                member,
+                momentum: None,
+                lied: false,
+            });
+        }
+    }
+
+    fn on_momentum_chunk(
+        &mut self,
+        step: u32,
+        member: u32,
+        total: u32,
+        offset: u32,
+        chunk: Vec<u8>,
+    ) {
+        let Some(r) = self.reveals.get_mut(&(step, member)) else {
+            return;
+        };
+        if offset as usize != r.buf.len() || total as usize > 1 << 30 {
+            self.stats.drop(Drop::BadBlob);
+            self.reveal_failed(step, member, true);
+            return;
+        }
+        r.buf.extend_from_slice(&chunk);
+        if r.buf.len() < total as usize && !chunk.is_empty() {
+            let next = r.buf.len() as u32;
+            self.ask_momentum(step, member, next);
+            return;
+        }
+        let Some(r) = self.reveals.remove(&(step, member)) else {
+            return;
+        };
+        // A momentum that does not hash to what the member signed is a lie,
+        // not a transfer error: the blob protocol already framed it whole.
+        let lied = audit::momentum_hash_bytes(&r.buf) != r.hash;
+        let _ = self.to_trainer.send(ToTrainer::Audit {
+            step,
+            member,
+            momentum: (!lied).then_some(r.buf),
+            lied,
+        });
+    }
+
+    /// This witness's audit of `report.member` failed: tell everyone.
+    fn accuse(&mut self, report: &AuditReport) {
+        let bp = |x: f32| (x.clamp(0.0, 1.0) * 10_000.0).round() as u16;
+        let a = Accuse {
+            job: self.cfg.job,
+            epoch: self.cfg.epoch,
+            step: report.step,
+            accused: report.member,
+            witness: self.cfg.me,
+            evidence: report.evidence,
+            overlap: report.comparison.map_or(0, |c| bp(c.overlap)),
+            agreement: report.comparison.map_or(0, |c| bp(c.agreement)),
+        };
+        self.accused_by_me.insert(report.member);
+        self.publish(msg::sign(&Body::Accuse(a.clone()), &self.key));
+        self.on_accuse(&a);
+    }
+
+    /// Counts an accusation; a quorum of the epoch's witnesses slashes.
+    fn on_accuse(&mut self, a: &Accuse) -> MessageAcceptance {
+        let n = self.cfg.members.len() as u32;
+        if a.epoch != self.cfg.epoch
+            || a.accused >= n
+            || !self.cfg.defence.witnesses.contains(&a.witness)
+        {
+            self.stats.drop(Drop::NotMember);
+            return MessageAcceptance::Reject;
+        }
+        let by = self.accusations.entry(a.accused).or_default();
+        by.entry(a.witness).or_insert(a.evidence);
+        // A slashed witness's word no longer counts (nor can it sign on chain).
+        let machine = &self.machine;
+        let witnesses: Vec<u32> = by
+            .keys()
+            .copied()
+            .filter(|w| !machine.is_slashed(*w))
+            .collect();
+        let quorum = self.cfg.defence.audit.quorum.max(1);
+        if witnesses.len() >= quorum && !self.machine.is_slashed(a.accused) {
+            self.machine.slash(a.accused);
+            self.stats.slashed.insert(a.accused);
+            self.last_slash = Some(Instant::now());
+            let _ = self.to_trainer.send(ToTrainer::Slashed(a.accused));
+            self.events.push(NodeEvent::Slashed {
+                member: a.accused,
+                step: a.step,
+                witnesses,
+                evidence: a.evidence,
+            });
+        }
+        MessageAcceptance::Accept
+    }
+
+    fn on_control(&mut self, c: Control) {
+        match c {
+            Control::Cosign {
+                message,
+                from,
+                reply,
+            } => {
+                let round = self.next_round;
+                self.next_round += 1;
+                let mut waiting = BTreeSet::new();
+                for m in from {
+                    let req = Request::Cosign(message.clone());
+                    if m != self.cfg.me && self.ask(m, req, Pending::Cosign { round, member: m }) {
+                        waiting.insert(m);
                     }
                 }
-                _ => Response::NotFound,
-            },
+                self.cosigns.insert(
+                    round,
+                    CosignRound {
+                        waiting,
+                        got: Vec::new(),
+                        reply,
+                        deadline: Instant::now() + Duration::from_secs(10),
+                    },
+                );
+                self.finish_cosigns();
+            }
+        }
+    }
+
+    fn on_cosign(&mut self, round: u64, member: u32, sig: Option<[u8; 64]>) {
+        if let Some(r) = self.cosigns.get_mut(&round) {
+            r.waiting.remove(&member);
+            r.got.extend(sig.map(|s| (member, s)));
+        }
+        self.finish_cosigns();
+    }
+
+    /// Answers rounds with every member heard from, or past their deadline.
+    fn finish_cosigns(&mut self) {
+        let now = Instant::now();
+        let done: Vec<u64> = self
+            .cosigns
+            .iter()
+            .filter(|(_, r)| r.waiting.is_empty() || now > r.deadline)
+            .map(|(k, _)| *k)
+            .collect();
+        for k in done {
+            if let Some(r) = self.cosigns.remove(&k) {
+                let _ = r.reply.send(r.got);
+            }
         }
     }
 
@@ -836,6 +1523,22 @@ impl Net {
                 });
             }
             (Pending::Snapshot { step, .. }, _) => self.retry_snapshot(step),
+            (
+                Pending::Momentum { step, member },
+                Response::Snapshot {
+                    total,
+                    offset,
+                    chunk,
+                },
+            ) => {
+                self.stats.bytes_in += chunk.len() as u64;
+                self.on_momentum_chunk(step, member, total, offset, chunk);
+            }
+            (Pending::Momentum { step, member }, _) => self.reveal_failed(step, member, true),
+            (Pending::Cosign { round, member }, Response::Signature(sig)) => {
+                self.on_cosign(round, member, Some(sig))
+            }
+            (Pending::Cosign { round, member }, _) => self.on_cosign(round, member, None),
         }
     }
 
@@ -851,6 +1554,8 @@ impl Net {
             Some(Pending::Payload(h)) => self.machine.on_fetch_failed(h),
             Some(Pending::Snapshot { step, .. }) => self.retry_snapshot(step),
             Some(Pending::Backfill { step, tries }) => self.ask_backfill(step, tries + 1),
+            Some(Pending::Momentum { step, member }) => self.reveal_failed(step, member, false),
+            Some(Pending::Cosign { round, member }) => self.on_cosign(round, member, None),
             _ => {}
         }
     }
@@ -967,12 +1672,39 @@ impl Net {
     }
 }
 
+/// The piece of a large blob (a state, a momentum) that starts at `offset`.
+fn chunk_of(blob: Option<&Arc<Vec<u8>>>, offset: u32) -> Response {
+    match blob {
+        Some(b) if (offset as usize) <= b.len() => {
+            let end = (offset as usize + msg::SNAPSHOT_CHUNK).min(b.len());
+            Response::Snapshot {
+                total: b.len() as u32,
+                offset,
+                chunk: b[offset as usize..end].to_vec(),
+            }
+        }
+        _ => Response::NotFound,
+    }
+}
+
 /// Runs one member until it has applied `cfg.steps` updates, then lingers
 /// briefly so slower peers can still fetch from it.
 pub async fn run(
     cfg: NodeConfig,
     corpus: Corpus,
     engine: Box<dyn GradientEngine>,
+    on_event: impl FnMut(&NodeEvent),
+) -> Result<NodeStats, NodeError> {
+    run_with_control(cfg, corpus, engine, None, on_event).await
+}
+
+/// [`run`], also taking requests from the application (co-signing a fraud
+/// report) while it trains.
+pub async fn run_with_control(
+    cfg: NodeConfig,
+    corpus: Corpus,
+    engine: Box<dyn GradientEngine>,
+    mut control: Option<mpsc::UnboundedReceiver<Control>>,
     mut on_event: impl FnMut(&NodeEvent),
 ) -> Result<NodeStats, NodeError> {
     let n = cfg.members.len();
@@ -1058,6 +1790,13 @@ pub async fn run(
         debug: std::env::var_os("COHORT_NET_DEBUG").is_some(),
         done: None,
         peers_done: Default::default(),
+        momenta: BTreeMap::new(),
+        reveals: BTreeMap::new(),
+        accusations: BTreeMap::new(),
+        accused_by_me: BTreeSet::new(),
+        cosigns: HashMap::new(),
+        next_round: 0,
+        last_slash: None,
         cfg,
     };
     let min_peers = if net.cfg.min_peers == 0 {
@@ -1145,7 +1884,12 @@ pub async fn run(
                         net.applied = step;
                         net.syncing = net.cfg.join || resumed;
                     }
-                    FromTrainer::Contribution { announce, bytes } => {
+                    FromTrainer::Contribution { announce, bytes, momentum, compute_secs } => {
+                        net.stats.compute_secs += compute_secs;
+                        net.momenta.insert(announce.step, momentum);
+                        while net.momenta.len() > 2 * KEEP as usize {
+                            net.momenta.pop_first();
+                        }
                         net.next_contribution = announce.step + 1;
                         net.payloads.insert(announce.payload_hash, bytes);
                         let now = net.now();
@@ -1174,6 +1918,25 @@ pub async fn run(
                         net.drive();
                     }
                     FromTrainer::Diverged { step } => on_event(&NodeEvent::Diverged { step }),
+                    FromTrainer::AuditTargets { step, targets } => {
+                        if net.debug {
+                            eprintln!("[{}] audit step {step}: {:?}", net.cfg.me, targets.iter().map(|t| t.0).collect::<Vec<_>>());
+                        }
+                        for (member, hash) in targets {
+                            net.reveals.insert((step, member), Reveal { hash, buf: Vec::new(), tries: 0, refused: false });
+                            net.ask_momentum(step, member, 0);
+                        }
+                    }
+                    FromTrainer::Audited(report) => {
+                        net.stats.audits += 1;
+                        net.stats.audit_secs += report.secs;
+                        if !report.passed {
+                            net.stats.audits_failed += 1;
+                            net.accuse(&report);
+                        }
+                        on_event(&NodeEvent::Audited(report));
+                        net.drive();
+                    }
                     FromTrainer::Synced { step, resumed } => {
                         on_event(&NodeEvent::Synced { step, resumed });
                         if let Some(from) = net.cfg.backfill_from {
@@ -1219,12 +1982,27 @@ pub async fn run(
                 net.drive();
                 if let Some(t) = net.done {
                     let all = net.peers_done.len() + 1 >= n;
-                    if all || t.elapsed() > linger {
+                    // A fresh conviction is reported on chain with the
+                    // accusers' co-signatures: stay long enough to give ours.
+                    let reporting = !net.cosigns.is_empty()
+                        || net.last_slash.is_some_and(|s| s.elapsed() < Duration::from_secs(10));
+                    let limit = if reporting { linger * 4 } else { linger };
+                    if (all && !reporting) || t.elapsed() > limit {
                         break;
                     }
                 }
             }
+            c = async {
+                match control.as_mut() {
+                    Some(rx) => rx.recv().await,
+                    None => std::future::pending().await,
+                }
+            } => match c {
+                Some(c) => net.on_control(c),
+                None => control = None,
+            },
             _ = beat.tick() => {
+                net.finish_cosigns();
                 net.heartbeat();
                 beats += 1;
                 if beats.is_multiple_of(4) {

@@ -32,6 +32,11 @@ pub const USAGE: &str = "usage: cohort-peer --index I --members N [options]
   --min-peers K       peers to wait for before starting        [all]
   --backfill-from S   after a sync, report contributors of the steps missed since S
   --backend B         auto|cpu|wgpu|cuda                      [cpu]
+  --witnesses LIST    members that audit and whose accusations count, e.g. 0,1,2
+  --quorum Q          accusations that slash a member          [2]
+  --audit-rate R      share of unflagged contributions audited  [0.02]
+  --adversary MODE    attack (tests only): sign-flip, noise, scale, alie, ipm,
+                      free-rider, copycat, stale
   --mdns              discover peers on the LAN
   --peer-id-of I      print member I's peer id and exit
 ";
@@ -58,6 +63,7 @@ fn parse(args: &[String]) -> Result<(NodeConfig, BackendChoice), String> {
     let mut min_peers = 0usize;
     let mut backfill_from = None;
     let mut backend = BackendChoice::Cpu;
+    let mut defence = node::Defence::default();
     let mut it = args.iter();
     while let Some(flag) = it.next() {
         let mut value = || {
@@ -88,6 +94,21 @@ fn parse(args: &[String]) -> Result<(NodeConfig, BackendChoice), String> {
             "--min-peers" => min_peers = num(flag, value()?)?,
             "--backfill-from" => backfill_from = Some(num(flag, value()?)?),
             "--backend" => backend = value()?.parse().map_err(|e| format!("--backend: {e}"))?,
+            "--witnesses" => {
+                defence.witnesses = value()?
+                    .split(',')
+                    .map(|w| num::<u32>(flag, w.trim().to_string()))
+                    .collect::<Result<_, _>>()?
+            }
+            "--quorum" => defence.audit.quorum = num(flag, value()?)?,
+            "--audit-rate" => defence.audit.rate = num(flag, value()?)?,
+            "--adversary" => {
+                let v = value()?;
+                defence.adversary = Some(
+                    crate::adversary::Mode::parse(&v)
+                        .ok_or_else(|| format!("--adversary: unknown mode `{v}`"))?,
+                );
+            }
             other => return Err(format!("unknown flag `{other}`\n{USAGE}")),
         }
     }
@@ -137,6 +158,7 @@ fn parse(args: &[String]) -> Result<(NodeConfig, BackendChoice), String> {
             epoch_start: Some(0),
             backfill_from,
             pause: Default::default(),
+            defence,
         },
         backend,
     ))
@@ -173,6 +195,23 @@ fn event_json(e: &NodeEvent) -> Option<String> {
         }
         NodeEvent::Diverged { step } => format!(r#"{{"event":"diverged","step":{step}}}"#),
         NodeEvent::Rewound { step } => format!(r#"{{"event":"rewound","step":{step}}}"#),
+        NodeEvent::Audited(r) => {
+            let (overlap, agreement) = r
+                .comparison
+                .map_or((-1.0, -1.0), |c| (c.overlap, c.agreement));
+            format!(
+                r#"{{"event":"audited","step":{},"member":{},"passed":{},"targeted":{},"overlap":{overlap:.4},"agreement":{agreement:.4}}}"#,
+                r.step, r.member, r.passed, r.targeted
+            )
+        }
+        NodeEvent::Slashed {
+            member,
+            step,
+            witnesses,
+            ..
+        } => format!(
+            r#"{{"event":"slashed","member":{member},"step":{step},"witnesses":{witnesses:?}}}"#
+        ),
         NodeEvent::Links(_) => return None,
     })
 }
@@ -229,7 +268,7 @@ pub fn main(args: &[String]) -> i32 {
                 .map(|d| format!(r#""{}":{}"#, d.name(), stats.dropped(*d)))
                 .collect();
             line(format!(
-                r#"{{"event":"done","applied":{},"hash":"{}","accepted":{},"equivocations":{},"late":{},"rewinds":{},"bytes_in":{},"bytes_out":{},"dropped":{{{}}}}}"#,
+                r#"{{"event":"done","applied":{},"hash":"{}","accepted":{},"equivocations":{},"late":{},"rewinds":{},"bytes_in":{},"bytes_out":{},"audits":{},"audits_failed":{},"audit_secs":{:.4},"compute_secs":{:.4},"slashed":{:?},"dropped":{{{}}}}}"#,
                 stats.applied,
                 hex(&stats.model_hash),
                 stats.accepted,
@@ -238,6 +277,11 @@ pub fn main(args: &[String]) -> i32 {
                 stats.rewinds,
                 stats.bytes_in,
                 stats.bytes_out,
+                stats.audits,
+                stats.audits_failed,
+                stats.audit_secs,
+                stats.compute_secs,
+                stats.slashed.iter().collect::<Vec<_>>(),
                 dropped.join(",")
             ));
             0

@@ -149,6 +149,10 @@ pub struct StepMachine {
     /// The first step this node applied from, and its history id before
     /// it: zeros at the epoch's start, the manifest's parent after a sync.
     base: (u32, [u8; 32]),
+    /// Members a quorum of witnesses convicted: their announcements are
+    /// refused, nobody waits for them, and this node's manifests leave
+    /// them out.
+    slashed: BTreeSet<u32>,
 }
 
 impl StepMachine {
@@ -182,7 +186,17 @@ impl StepMachine {
             evidence: Vec::new(),
             pruned_to: None,
             base: (start.unwrap_or(0), [0; 32]),
+            slashed: BTreeSet::new(),
         }
+    }
+
+    /// Drops `member` from every manifest this node leads from now on.
+    pub fn slash(&mut self, member: u32) {
+        self.slashed.insert(member);
+    }
+
+    pub fn is_slashed(&self, member: u32) -> bool {
+        self.slashed.contains(&member)
     }
 
     pub fn members(&self) -> u32 {
@@ -250,7 +264,7 @@ impl StepMachine {
     /// A contribution announcement (signature and membership checked).
     pub fn on_announce(&mut self, now: Duration, a: &Announce) -> Verdict {
         self.on_alive(now, a.member);
-        if self.next_apply.is_some_and(|s| a.step < s) {
+        if self.next_apply.is_some_and(|s| a.step < s) || self.slashed.contains(&a.member) {
             return Verdict::Stale;
         }
         let st = self.step_mut(a.step);
@@ -444,6 +458,7 @@ impl StepMachine {
                 .map(|(m, _)| *m),
         );
         e.insert(self.me);
+        e.retain(|m| !self.slashed.contains(m));
         e
     }
 
@@ -463,8 +478,15 @@ impl StepMachine {
     /// A lower bound on `expected(step).len()`, without building the set.
     fn expected_floor(&self, step: u32) -> usize {
         match step.checked_sub(1).and_then(|p| self.steps.get(&p)) {
-            Some(prev) if !prev.announced.is_empty() => prev.announced.len(),
-            _ => self.n as usize,
+            Some(prev) if !prev.announced.is_empty() => {
+                prev.announced.len()
+                    - self
+                        .slashed
+                        .iter()
+                        .filter(|m| prev.announced.contains_key(m))
+                        .count()
+            }
+            _ => self.n as usize - self.slashed.len(),
         }
     }
 
@@ -591,7 +613,7 @@ impl StepMachine {
             let held: Vec<(u32, [u8; 32])> = st
                 .announced
                 .iter()
-                .filter(|(_, h)| self.held.contains(*h))
+                .filter(|(m, h)| self.held.contains(*h) && !self.slashed.contains(*m))
                 .map(|(m, h)| (*m, *h))
                 .collect();
             let Some(parent) = self.chain_before(step) else {
@@ -801,6 +823,36 @@ mod tests {
         assert!(applied.iter().all(|m| **m == *applied[0]));
         assert_eq!(applied[0].entries.len(), 4);
         assert_eq!(applied[0].leader, ms[0].leader(0, 0));
+    }
+
+    #[test]
+    fn a_slashed_member_is_left_out_of_manifests_and_not_waited_for() {
+        let mut ms = machines(4);
+        run_step(&mut ms, 0, &[0, 1, 2, 3], Duration::ZERO);
+        for m in ms.iter_mut() {
+            m.slash(2);
+        }
+        // Step 1: member 2 still announces (it keeps running), but every
+        // honest leader leaves it out at once, without waiting for anyone.
+        let acts = run_step(&mut ms, 1, &[0, 1, 2, 3], Duration::from_secs(1));
+        let manifests: Vec<&Manifest> = acts
+            .iter()
+            .filter_map(|a| match a {
+                Action::Publish(m) => Some(m),
+                _ => None,
+            })
+            .collect();
+        if ms[0].leader(1, 0) != 2 {
+            assert_eq!(manifests.len(), 1, "published at once");
+            let members: Vec<u32> = manifests[0].entries.iter().map(|e| e.0).collect();
+            assert_eq!(members, vec![0, 1, 3]);
+        }
+        assert_eq!(
+            ms[0].on_announce(Duration::from_secs(2), &announce(2, 2)),
+            Verdict::Stale,
+            "its announcements are refused"
+        );
+        assert!(ms[0].is_slashed(2) && !ms[0].is_slashed(1));
     }
 
     #[test]

@@ -119,10 +119,33 @@ pub fn show(ui: &mut egui::Ui, model: &Model, out: &mut Out) {
                 ui.end_row();
             }
         });
-        ui.weak("Audits: not run by P2P members yet (see docs/robustness.md)");
+        ui.label(audits_line(t.audits, t.audits_failed));
     });
     ui.separator();
     for l in &t.lines {
         ui.weak(l);
+    }
+}
+
+/// What this node's audits of the others came to.
+pub fn audits_line(audits: u32, failed: u32) -> String {
+    match (audits, failed) {
+        (0, _) => {
+            "Audits: none yet (witnesses audit flagged and randomly drawn contributions)".into()
+        }
+        (n, 0) => format!("Audits run as a witness: {n}, all passed"),
+        (n, f) => format!("Audits run as a witness: {n}, {f} failed (reported for slashing)"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::audits_line;
+
+    #[test]
+    fn the_audit_tally_says_what_happened() {
+        assert!(audits_line(0, 0).starts_with("Audits: none yet"));
+        assert_eq!(audits_line(4, 0), "Audits run as a witness: 4, all passed");
+        assert!(audits_line(5, 2).contains("2 failed"));
     }
 }
