@@ -51,8 +51,15 @@ impl Default for AuditConfig {
 }
 
 /// The commitment to a member's momentum carried by its contribution.
+/// Streams the values: it runs on every step, and the hash equals
+/// [`momentum_hash_bytes`] of the encoding without building it.
 pub fn momentum_hash(momentum: &[Vec<f32>]) -> [u8; 32] {
-    momentum_hash_bytes(&encode_momentum(momentum))
+    let mut h = blake3::Hasher::new();
+    h.update(b"cohort-momentum-v1");
+    for v in momentum.iter().flatten() {
+        h.update(&v.to_le_bytes());
+    }
+    *h.finalize().as_bytes()
 }
 
 /// [`momentum_hash`] of a momentum already encoded by [`encode_momentum`]:
