@@ -16,7 +16,7 @@ pub const USAGE: &str = "\
 Usage:
   cohort job create [--spec FILE.toml] [--arch A] [--epochs N] [--steps-per-epoch N]
                     [--min-nodes N] [--max-nodes N] [--price SOL] [--stake SOL]
-                    [--witnesses N] [--quorum N] [--batch N] [--min-gflops N]
+                    [--witnesses N] [--quorum N] [--audit-rate PCT] [--batch N] [--min-gflops N]
                     [--expected-epoch-secs S] [--max-epoch-secs S] [--join-window-secs S] [--id N]
   cohort job list
   cohort job status JOB
@@ -39,6 +39,9 @@ pub struct SpecFile {
     pub stake: f64,
     pub witnesses: u8,
     pub quorum: u8,
+    /// Percent of contributions the witnesses audit at random (those the
+    /// screen flags are always audited).
+    pub audit_rate: f64,
     /// Sequences per node per step.
     pub batch: u32,
     pub min_gflops: u32,
@@ -59,6 +62,7 @@ impl Default for SpecFile {
             stake: 0.01,
             witnesses: 3,
             quorum: 2,
+            audit_rate: 2.0,
             batch: 8,
             // The probe is one thread and jitters under load: a low floor by default.
             min_gflops: 1,
@@ -69,7 +73,7 @@ impl Default for SpecFile {
     }
 }
 
-const SPEC_FLAGS: [&str; 14] = [
+const SPEC_FLAGS: [&str; 15] = [
     "arch",
     "epochs",
     "steps-per-epoch",
@@ -79,6 +83,7 @@ const SPEC_FLAGS: [&str; 14] = [
     "stake",
     "witnesses",
     "quorum",
+    "audit-rate",
     "batch",
     "min-gflops",
     "expected-epoch-secs",
@@ -114,6 +119,7 @@ impl SpecFile {
         set!(stake, "stake");
         set!(witnesses, "witnesses");
         set!(quorum, "quorum");
+        set!(audit_rate, "audit-rate");
         set!(batch, "batch");
         set!(min_gflops, "min-gflops");
         set!(expected_epoch_secs, "expected-epoch-secs");
@@ -156,6 +162,11 @@ impl SpecFile {
             self.quorum,
             self.witnesses
         );
+        ensure!(
+            (0.0..=100.0).contains(&self.audit_rate),
+            "audit-rate is a percentage of contributions: 0 to 100, not {}",
+            self.audit_rate
+        );
         ensure!(self.max_epoch_secs > 0, "max-epoch-secs must be at least 1");
         ensure!(
             self.join_window_secs > 0,
@@ -182,6 +193,7 @@ impl SpecFile {
             min_stake: sol_to_lamports(self.stake, "stake")?,
             witness_count: self.witnesses,
             quorum: self.quorum,
+            audit_rate_bp: (self.audit_rate * 100.0).round() as u16,
         };
         spec.set_arch(&model.arch());
         spec.validate().map_err(|e| anyhow!("job spec: {e}"))?;
@@ -359,6 +371,12 @@ pub fn status(k: &Pubkey, j: &Job) -> String {
         j.epochs_finalized, j.epochs_started, j.spec.epochs, j.spec.steps_per_epoch
     ));
     s.push_str(&format!(
+        "witnesses  {} per epoch, quorum {}, {}% of contributions audited at random\n",
+        j.spec.witness_count,
+        j.spec.quorum,
+        f64::from(j.spec.audit_rate_bp) / 100.0
+    ));
+    s.push_str(&format!(
         "deposit    {} ({} lamports)\n",
         sol(j.deposit),
         j.deposit
@@ -416,6 +434,9 @@ mod tests {
         assert_eq!((s.epochs, s.price), (5, 0.5));
         let spec = s.to_spec([1; 32]).unwrap();
         assert_eq!(spec.max_price, 500_000_000);
+        assert_eq!(spec.audit_rate_bp, 200);
+        let s = flags(&["--audit-rate", "12.5"]).unwrap();
+        assert_eq!(s.to_spec([1; 32]).unwrap().audit_rate_bp, 1250);
         assert_eq!(spec.arch_str(), ModelConfig::tiny().arch());
     }
 
@@ -426,6 +447,7 @@ mod tests {
                 .contains("min-nodes (5) must not exceed max-nodes (3)")
         );
         assert!(err(&["--quorum", "1"]).contains("strict majority"));
+        assert!(err(&["--audit-rate", "101"]).contains("audit-rate is a percentage"));
         assert!(err(&["--arch", "gpt l0"]).contains("arch `gpt l0`"));
         assert!(err(&["--price", "-1"]).contains("price must be a positive amount"));
         assert!(err(&["--epochs", "x"]).contains("--epochs `x`"));

@@ -19,7 +19,7 @@ use cohort_engine::backend::{self, BackendChoice};
 use cohort_engine::data::Corpus;
 use cohort_engine::ledger::ContributionLedger;
 use cohort_engine::model::ModelConfig;
-use cohort_engine::net::node::{self as p2p, Defence, NodeConfig, NodeEvent};
+use cohort_engine::net::node::{self as p2p, Control, Defence, NodeConfig, NodeEvent};
 use cohort_engine::net::shaper::Link;
 use cohort_engine::net::step::Timing;
 use cohort_engine::net::swarm;
@@ -875,6 +875,7 @@ async fn train_epoch(
         defence: Defence {
             audit: AuditConfig {
                 quorum,
+                rate: f64::from(j.spec.audit_rate_bp) / 10_000.0,
                 ..AuditConfig::default()
             },
             witnesses,
@@ -919,6 +920,10 @@ async fn train_epoch(
                     break;
                 }
             }
+            // The node stays up for an open report; this one is over.
+            let _ = control.send(Control::Settled {
+                member: case.accused,
+            });
             let line = match outcome {
                 Ok(sig) => format!(
                     "reported member {} on chain with {} witnesses: slashed ({sig})",

@@ -9,6 +9,8 @@ use solana_program::pubkey::Pubkey;
 pub const VERSION: u8 = 1;
 /// Upper bound on witnesses per epoch; votes live in a fixed array.
 pub const MAX_WITNESSES: usize = 16;
+/// A job's random audit rate is at most every contribution (10,000 basis points).
+pub const MAX_AUDIT_RATE_BP: u16 = 10_000;
 /// A node's stake is locked this long after it asks to deregister, so evidence
 /// of fraud in its last job can still land.
 pub const NODE_COOLDOWN_SECS: i64 = 2 * 24 * 3600;
@@ -270,10 +272,14 @@ pub struct JobSpec {
     pub min_stake: u64,
     pub witness_count: u8,
     pub quorum: u8,
+    /// Share of contributions the witnesses audit at random, in basis
+    /// points (on top of every one the screen flags). Auditing costs the
+    /// witnesses compute, so the requester who pays for it chooses it.
+    pub audit_rate_bp: u16,
 }
 
 impl JobSpec {
-    pub const LEN: usize = 32 + 64 + 32 + 4 * 7 + 2 * 2 + 4 + 8 + 8 + 1 + 1;
+    pub const LEN: usize = 32 + 64 + 32 + 4 * 7 + 2 * 2 + 4 + 8 + 8 + 1 + 1 + 2;
 
     pub fn arch_name(&self) -> String {
         str_of(&self.arch)
@@ -310,7 +316,8 @@ impl JobSpec {
             && w <= self.min_nodes as usize
             // A strict majority of the committee, so two digests can never both reach quorum.
             && (self.quorum as usize) * 2 > w
-            && self.quorum as usize <= w;
+            && self.quorum as usize <= w
+            && self.audit_rate_bp <= MAX_AUDIT_RATE_BP;
         if ok {
             Ok(())
         } else {
@@ -343,7 +350,8 @@ impl JobSpec {
             .u64(self.max_price)
             .u64(self.min_stake)
             .u8(self.witness_count)
-            .u8(self.quorum);
+            .u8(self.quorum)
+            .u16(self.audit_rate_bp);
     }
 
     pub fn read(r: &mut Reader) -> Result<Self, CodecError> {
@@ -365,6 +373,7 @@ impl JobSpec {
             min_stake: r.u64()?,
             witness_count: r.u8()?,
             quorum: r.u8()?,
+            audit_rate_bp: r.u16()?,
         })
     }
 }

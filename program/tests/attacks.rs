@@ -228,6 +228,21 @@ async fn arithmetic_overflow_is_refused() {
 }
 
 #[tokio::test]
+async fn an_audit_rate_above_every_contribution_is_refused() {
+    let mut env = Env::new().await;
+    let requester = env.user(10 * SOL).await;
+    let mut s = spec();
+    s.audit_rate_bp = MAX_AUDIT_RATE_BP + 1;
+    let deposit = s.full_budget().unwrap();
+    let refused = env.create_job(&requester, 1, s, deposit).await;
+    assert_err(refused.map(|_| ()), CohortError::InvalidSpec);
+    s.audit_rate_bp = MAX_AUDIT_RATE_BP;
+    let job = env.create_job(&requester, 1, s, deposit).await.unwrap();
+    let j: Job = env.state(&job).await;
+    assert_eq!(j.spec.audit_rate_bp, MAX_AUDIT_RATE_BP);
+}
+
+#[tokio::test]
 async fn reinitialization_is_refused() {
     let mut env = Env::new().await;
     let node = env.user(SOL).await;

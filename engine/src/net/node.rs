@@ -92,6 +92,9 @@ pub enum Control {
         from: Vec<u32>,
         reply: oneshot::Sender<Vec<(u32, [u8; 64])>>,
     },
+    /// The application is done reporting `member` (sent or given up): this
+    /// node, its lead accuser, no longer stays up for that report.
+    Settled { member: u32 },
 }
 
 #[derive(Debug, Clone)]
@@ -978,9 +981,13 @@ struct Net {
     accused_by_me: BTreeSet<u32>,
     cosigns: HashMap<u64, CosignRound>,
     next_round: u64,
-    /// When this node last saw a member slashed: its report may still need
-    /// this node's co-signature, so it does not leave at once.
-    last_slash: Option<Instant>,
+    /// Convictions whose on-chain report needs this node, so it does not
+    /// leave while they are open: as the lead accuser until the application
+    /// settles it, as a co-signer until a little after it signed (room for a
+    /// retry with a fresh blockhash). Member → when it may stop waiting.
+    owed_reports: BTreeMap<u32, Option<Instant>>,
+    /// Whether an application drives reports through [`Control`].
+    reports: bool,
 }
 
 impl Net {
@@ -1234,6 +1241,14 @@ impl Net {
                     .cosigner
                     .as_ref()
                     .is_some_and(|c| !accused.is_empty() && (c.0)(&message, &accused));
+                if agrees {
+                    let until = Instant::now() + Duration::from_secs(5);
+                    for (m, t) in self.owed_reports.iter_mut() {
+                        if self.accused_by_me.contains(m) {
+                            *t = Some(until);
+                        }
+                    }
+                }
                 match self.key.sign(&message).try_into() {
                     Ok(sig) if agrees => Response::Signature(sig),
                     _ => Response::NotFound,
@@ -1365,7 +1380,18 @@ impl Net {
         if witnesses.len() >= quorum && !self.machine.is_slashed(a.accused) {
             self.machine.slash(a.accused);
             self.stats.slashed.insert(a.accused);
-            self.last_slash = Some(Instant::now());
+            // Only the first `quorum` accusers sign the report; the first
+            // of them sends it.
+            let signers = &witnesses[..quorum];
+            let me = self.cfg.me;
+            let owes = if signers.first() == Some(&me) {
+                self.reports
+            } else {
+                signers.contains(&me) && self.cfg.defence.cosigner.is_some()
+            };
+            if owes {
+                self.owed_reports.insert(a.accused, None);
+            }
             let _ = self.to_trainer.send(ToTrainer::Slashed(a.accused));
             self.events.push(NodeEvent::Slashed {
                 member: a.accused,
@@ -1403,6 +1429,9 @@ impl Net {
                     },
                 );
                 self.finish_cosigns();
+            }
+            Control::Settled { member } => {
+                self.owed_reports.remove(&member);
             }
         }
     }
@@ -1796,7 +1825,8 @@ pub async fn run_with_control(
         accused_by_me: BTreeSet::new(),
         cosigns: HashMap::new(),
         next_round: 0,
-        last_slash: None,
+        owed_reports: BTreeMap::new(),
+        reports: control.is_some(),
         cfg,
     };
     let min_peers = if net.cfg.min_peers == 0 {
@@ -1982,11 +2012,12 @@ pub async fn run_with_control(
                 net.drive();
                 if let Some(t) = net.done {
                     let all = net.peers_done.len() + 1 >= n;
-                    // A fresh conviction is reported on chain with the
-                    // accusers' co-signatures: stay long enough to give ours.
-                    let reporting = !net.cosigns.is_empty()
-                        || net.last_slash.is_some_and(|s| s.elapsed() < Duration::from_secs(10));
-                    let limit = if reporting { linger * 4 } else { linger };
+                    // A conviction is reported on chain with the accusers'
+                    // co-signatures: stay until ours is no longer needed.
+                    let now = Instant::now();
+                    net.owed_reports.retain(|_, until| until.is_none_or(|u| u > now));
+                    let reporting = !net.cosigns.is_empty() || !net.owed_reports.is_empty();
+                    let limit = if reporting { linger * 12 } else { linger };
                     if (all && !reporting) || t.elapsed() > limit {
                         break;
                     }

@@ -43,6 +43,7 @@ pub fn spec() -> JobSpec {
         min_stake: STAKE,
         witness_count: 3,
         quorum: 2,
+        audit_rate_bp: 200,
     };
     s.set_arch("gpt l2 d64 h4 s128");
     s

@@ -1,0 +1,116 @@
+//! Proof of contribution end to end: `cohort localnet`, three honest
+//! `cohort node`s and one that cheats. Its own test binary, so that it does
+//! not share the two cores with the other end-to-end tests (cargo runs test
+//! binaries one after another): the audits need steps where most members'
+//! payloads arrive in time.
+
+mod common;
+
+use common::*;
+use std::time::{Duration, Instant};
+
+/// A node that flips the sign of every vote it sends joins a job with
+/// three honest ones. The witnesses' audits fail it, the first accuser gathers a
+/// quorum's co-signatures over libp2p and sends `report_fraud`: its stake
+/// goes to the job, it stops, and the honest nodes finish and are paid.
+#[test]
+fn a_sign_flipper_is_audited_reported_on_chain_and_slashed() {
+    let h = home("fraud");
+    let (mut chain, url) = localnet(&h);
+    ok(&cohort(&h, &["airdrop", "2", "--url", &url]));
+    let created = ok(&cohort(
+        &h,
+        &[
+            "job",
+            "create",
+            "--url",
+            &url,
+            "--epochs",
+            "2",
+            "--steps-per-epoch",
+            "8",
+            "--min-nodes",
+            "4",
+            "--max-nodes",
+            "4",
+            "--id",
+            "1",
+        ],
+    ));
+    let job = created.split_whitespace().nth(1).unwrap().to_string();
+    let base = p2p_base().to_string();
+    let honest: Vec<Proc> = (0..3)
+        .map(|i| spawn_node(&h, i, &url, &job, &base))
+        .collect();
+    for n in &honest {
+        n.wait_for("joined job", Duration::from_secs(120));
+    }
+    // Joins last, so it holds the last slot; the job starts with it. Once
+    // it is slashed the others go on with three (a running job needs only
+    // a quorum of members to start its next epoch).
+    let cheat = Proc::spawn(
+        &h.join("cheat"),
+        &[
+            "node",
+            "--url",
+            &url,
+            "--job",
+            &job,
+            "--p2p-port",
+            &base,
+            "--airdrop",
+            "1",
+            "--adversary",
+            "sign-flip",
+        ],
+    );
+    let t = Instant::now();
+    while !cheat
+        .log()
+        .iter()
+        .any(|l| l.contains("this node was slashed"))
+    {
+        let logs: Vec<Vec<String>> = honest.iter().chain([&cheat]).map(Proc::log).collect();
+        assert!(t.elapsed() < Duration::from_secs(240), "{logs:#?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let slashed = cheat.wait_for("this node was slashed", Duration::ZERO);
+    assert!(slashed.contains(&job), "{slashed}");
+    let mut cheat = cheat;
+    assert!(!cheat.child.wait().unwrap().success());
+    let reported: Vec<String> = honest
+        .iter()
+        .flat_map(|n| n.log())
+        .filter(|l| l.contains("reported member 3 on chain"))
+        .collect();
+    assert_eq!(reported.len(), 1, "one report, by the first accuser");
+    let t = Instant::now();
+    while !honest
+        .iter()
+        .all(|n| n.log().iter().any(|l| l.contains("done:")))
+    {
+        let logs: Vec<Vec<String>> = honest.iter().map(Proc::log).collect();
+        assert!(t.elapsed() < Duration::from_secs(300), "{logs:#?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let done: Vec<String> = honest
+        .iter()
+        .map(|n| n.wait_for("done:", Duration::ZERO))
+        .collect();
+    for mut n in honest {
+        let st = n.child.wait().unwrap();
+        assert!(st.success(), "{:?}", n.log());
+    }
+    let (_, claimed) = same_models_all_paid(&done);
+    let status = ok(&cohort(&h, &["job", "status", &job, "--url", &url]));
+    assert!(field(&status, "state").contains("Completed"), "{status}");
+    // The cheat's 0.01 SOL stake was taken and went back to the requester.
+    assert!(
+        field(&status, "slashed").contains("10000000 lamports"),
+        "{status}"
+    );
+    let (owed, paid, _) = spend(&status);
+    assert_eq!(paid, claimed, "{status}");
+    assert!(paid <= owed, "{status}");
+    let _ = chain.child.kill();
+}
