@@ -991,11 +991,18 @@ async fn train_epoch(
             NodeEvent::Audited(r) => {
                 report(&pk, Progress::Audit(r));
                 if !r.passed {
+                    let why = match (r.comparison, r.chain_error) {
+                        (None, _) => "withheld or misstated its momentum",
+                        (Some(c), _) if !c.passes(&AuditConfig::default()) => {
+                            "does not match its recomputation"
+                        }
+                        _ => "rests on a momentum that does not follow from its last one",
+                    };
                     say(
                         report,
                         &pk,
                         format!(
-                            "audit: member {}'s step {} does not match its recomputation: accused",
+                            "audit: member {}'s step {} {why}: accused",
                             r.member, r.step
                         ),
                     );

@@ -32,6 +32,11 @@ pub enum Mode {
     /// Sends honest payloads; as a step leader it signs two different
     /// manifests (see `net::step`).
     EquivocatingLeader,
+    /// Sends its payload sign-flipped and, when audited, reveals a momentum
+    /// forged so the flipped payload recomputes exactly
+    /// ([`forged_momentum`]). Not in [`Mode::ALL`]: the nine modes
+    /// are what the benchmark sweeps; this one tests the momentum chain.
+    ForgedMomentum,
 }
 
 impl Mode {
@@ -58,11 +63,15 @@ impl Mode {
             Mode::Copycat => "copycat",
             Mode::Stale => "stale",
             Mode::EquivocatingLeader => "equivocating-leader",
+            Mode::ForgedMomentum => "forged-momentum",
         }
     }
 
     pub fn parse(s: &str) -> Option<Mode> {
-        Mode::ALL.into_iter().find(|m| m.name() == s)
+        Mode::ALL
+            .into_iter()
+            .chain([Mode::ForgedMomentum])
+            .find(|m| m.name() == s)
     }
 
     /// Whether the attacker computes a gradient this step (the free-rider,
@@ -118,7 +127,7 @@ impl Rng {
 pub fn forge(mode: Mode, a: &Attack) -> Payload {
     let mut rng = Rng::new(&a.seed);
     match (mode, a.own) {
-        (Mode::SignFlip, Some(own)) => map_signs(own, |_, neg| !neg),
+        (Mode::SignFlip | Mode::ForgedMomentum, Some(own)) => map_signs(own, |_, neg| !neg),
         (Mode::Noise, Some(own)) => map_signs(own, |_, _| rng.next() & 1 == 1),
         (Mode::Scale | Mode::EquivocatingLeader, Some(own)) => own.clone(),
         (Mode::Alie, _) => against_majority(a, &mut rng, false),
@@ -130,6 +139,18 @@ pub fn forge(mode: Mode, a: &Attack) -> Payload {
         }
         _ => garbage(a.layout, &mut rng),
     }
+}
+
+/// The momentum a sign-flipper reveals so that its flipped payload passes a
+/// one-step audit: with `m' = −m − 2g/β`, the witness compresses
+/// `β·m' + g = −(β·m + g)`, whose top-k are the honest ones with every
+/// sign flipped.
+pub fn forged_momentum(before: &[Vec<f32>], grads: &[Vec<f32>], decay: f32) -> Vec<Vec<f32>> {
+    before
+        .iter()
+        .zip(grads)
+        .map(|(m, g)| m.iter().zip(g).map(|(m, g)| -m - 2.0 * g / decay).collect())
+        .collect()
 }
 
 fn map_signs(p: &Payload, mut f: impl FnMut(u16, bool) -> bool) -> Payload {

@@ -10,10 +10,13 @@
 //! that fails is repeated by further witnesses, and `quorum` failures slash
 //! the member: it gets no vote from then on (on chain, `report_fraud`).
 //!
+//! A flagged payload that passes its one-step audit also gets the momentum
+//! chain check (see [`crate::audit`]): the witness replays the member's
+//! previous step from its previous revealed momentum, on the weights of
+//! that step, and the momentum revealed now must follow.
+//!
 //! Limits, stated plainly: witnesses here are honest (colluding witnesses
-//! are what the on-chain quorum is for, and are not modelled); a member
-//! that fabricates a momentum to match a crafted payload is not caught by a
-//! one-step audit (checking the momentum chain across steps would).
+//! are what the on-chain quorum is for, and are not modelled).
 
 use crate::adversary::{self, Attack, Mode};
 use crate::audit::{self, AuditConfig, Comparison};
@@ -21,6 +24,7 @@ use crate::backend::GradientEngine;
 use crate::compress::Payload;
 use crate::data::Corpus;
 use crate::error::EngineError;
+use crate::params::ParamSet;
 use crate::runner::{RunConfig, epoch_seed, member_key};
 use crate::trainer::{Identity, Trainer};
 use crate::wire::Contribution;
@@ -58,6 +62,13 @@ pub struct ArenaReport {
     pub failed_audits: usize,
     /// Lowest score any honest member's audit got.
     pub worst_honest: Option<Comparison>,
+    /// Momentum chain checks run, how many failed, and the largest chain
+    /// error an honest member's check measured.
+    pub chain_checks: usize,
+    pub chain_failed: usize,
+    pub worst_honest_chain: Option<f32>,
+    /// The smallest chain error an attacker's check measured.
+    pub least_attacker_chain: Option<f32>,
     /// Honest members' payloads the screen flagged (each then audited).
     pub honest_flagged: usize,
     /// Gradient compute of the members' own contributions, and of audits.
@@ -118,7 +129,13 @@ pub fn run(
     let mut report = ArenaReport::default();
     let mut first_sent: BTreeMap<usize, Payload> = BTreeMap::new();
     let mut recent: Vec<[u8; 32]> = Vec::new();
+    // Each member's revealed momentum at the previous step (if it computed
+    // then), and the weights that step was computed on: the chain check's
+    // starting point.
+    let mut last_revealed: BTreeMap<usize, Vec<Vec<f32>>> = BTreeMap::new();
+    let mut last_weights: Option<ParamSet> = None;
     for step in 0..run.steps {
+        let weights_now = witness.params().clone();
         let epoch = step / run.steps_per_epoch.max(1);
         let seed = epoch_seed(&run.job, epoch);
         let active: Vec<usize> = (0..run.members)
@@ -136,13 +153,22 @@ pub fn run(
                         && mode(i).is_none_or(|m| m.computes(!first_sent.contains_key(&i)));
                     let scale = mode(i).map_or(1.0, Mode::grad_scale);
                     let seed = &seed;
+                    let forger = mode(i) == Some(Mode::ForgedMomentum);
                     s.spawn(move || {
                         if !computes {
                             return Ok(None);
                         }
                         let before = t.momentum().to_vec();
                         let (c, stats) = t.compute_scaled(seed, epoch, step, scale)?;
-                        Ok(Some((before, c, stats.compute_secs)))
+                        // What it reveals: its real momentum, or one forged
+                        // so its flipped payload recomputes exactly.
+                        let revealed = if forger {
+                            let (_, g) = t.member_gradients(seed, epoch, step, t.id.index)?;
+                            adversary::forged_momentum(&before, &g, t.decay())
+                        } else {
+                            before
+                        };
+                        Ok(Some((revealed, c, stats.compute_secs)))
                     })
                 })
                 .collect();
@@ -220,6 +246,21 @@ pub fn run(
                 let revealed = computed[*i]
                     .as_ref()
                     .map_or_else(|| zeros(&trainers[*i]), |c| c.0.clone());
+                let prev_step = step.checked_sub(1);
+                let previous = match (prev_step, &last_weights, last_revealed.get(i)) {
+                    (Some(s), Some(w), Some(m))
+                        if targeted
+                            || audit::sampled(&reveal, step, *i as u32, cfg.audit.chain_rate) =>
+                    {
+                        Some(Previous {
+                            weights: w,
+                            seed: epoch_seed(&run.job, s / run.steps_per_epoch.max(1)),
+                            epoch: s / run.steps_per_epoch.max(1),
+                            momentum: m,
+                        })
+                    }
+                    _ => None,
+                };
                 let case = Audited {
                     seed: &seed,
                     epoch,
@@ -227,8 +268,21 @@ pub fn run(
                     member: *i,
                     momentum: &revealed,
                     sent: payload,
+                    previous,
                 };
-                let c = case.check(&mut witness, cfg, &mut report.audit_secs)?;
+                let verdict = case.check(&mut witness, cfg, &mut report.audit_secs)?;
+                let c = verdict.comparison;
+                if let Some(err) = verdict.chain_error {
+                    report.chain_checks += 1;
+                    report.chain_failed += usize::from(err > cfg.audit.max_chain_error);
+                    if mode(*i).is_none() {
+                        let worst = report.worst_honest_chain.get_or_insert(err);
+                        *worst = worst.max(err);
+                    } else {
+                        let least = report.least_attacker_chain.get_or_insert(err);
+                        *least = least.min(err);
+                    }
+                }
                 if mode(*i).is_none() {
                     let worst = report.worst_honest.get_or_insert(c);
                     if c.overlap < worst.overlap || c.agreement < worst.agreement {
@@ -238,7 +292,7 @@ pub fn run(
                         };
                     }
                 }
-                if c.passes(&cfg.audit) {
+                if verdict.passes(&cfg.audit) {
                     continue;
                 }
                 report.failed_audits += 1;
@@ -272,6 +326,12 @@ pub fn run(
         for t in trainers.iter_mut().chain(std::iter::once(&mut witness)) {
             t.apply_weighted(&contributions, &weights)?;
         }
+        last_revealed = computed
+            .into_iter()
+            .enumerate()
+            .filter_map(|(i, c)| c.map(|c| (i, c.0)))
+            .collect();
+        last_weights = Some(weights_now);
         let last = step + 1 == run.steps;
         if run.eval_windows > 0
             && (last || (run.eval_every > 0 && (step + 1) % run.eval_every == 0))
@@ -284,8 +344,8 @@ pub fn run(
     Ok(report)
 }
 
-/// A member's work for one step: its momentum before the step (what it
-/// reveals if audited), its contribution, and the compute seconds.
+/// A member's work for one step: the momentum it reveals if audited (before
+/// the step), its contribution, and the compute seconds.
 type Computed = (Vec<Vec<f32>>, Contribution, f64);
 
 fn zeros(t: &Trainer) -> Vec<Vec<f32>> {
@@ -300,29 +360,71 @@ struct Audited<'a> {
     member: usize,
     momentum: &'a [Vec<f32>],
     sent: &'a Payload,
+    /// The member's previous step, for the chain check (flagged payloads
+    /// whose author computed the step before).
+    previous: Option<Previous<'a>>,
+}
+
+/// A member's previous step as a witness replays it.
+struct Previous<'a> {
+    weights: &'a ParamSet,
+    seed: [u8; 32],
+    epoch: u32,
+    momentum: &'a [Vec<f32>],
+}
+
+/// One witness's decision on one contribution.
+struct Verdict {
+    comparison: Comparison,
+    /// Set when the chain was checked.
+    chain_error: Option<f32>,
+}
+
+impl Verdict {
+    fn passes(&self, cfg: &AuditConfig) -> bool {
+        self.comparison.passes(cfg) && self.chain_error.is_none_or(|e| e <= cfg.max_chain_error)
+    }
 }
 
 impl Audited<'_> {
-    /// One witness's audit; its compute time is added to `secs`.
+    /// One witness's audit; its compute time is added to `secs`. The chain
+    /// is checked only when the one-step audit passes: a payload that
+    /// fails it is decided already.
     fn check(
         &self,
         witness: &mut Trainer,
         cfg: &ArenaConfig,
         secs: &mut f64,
-    ) -> Result<Comparison, EngineError> {
+    ) -> Result<Verdict, EngineError> {
         let t0 = Instant::now();
-        let (_, mut grads) =
-            witness.member_gradients(self.seed, self.epoch, self.step, self.member as u32)?;
-        if cfg.witness_jitter > 0.0 {
-            jitter(
-                &mut grads,
-                cfg.witness_jitter,
-                self.step ^ (self.member as u32) << 16,
-            );
-        }
+        let index = self.member as u32;
+        let noise = |grads: &mut [Vec<f32>], step: u32| {
+            if cfg.witness_jitter > 0.0 {
+                jitter(grads, cfg.witness_jitter, step ^ index << 16);
+            }
+        };
+        let (_, mut grads) = witness.member_gradients(self.seed, self.epoch, self.step, index)?;
+        noise(&mut grads, self.step);
         let again = witness.compress_as(self.momentum, &grads)?;
+        let comparison = audit::compare(witness.layout(), self.sent, &again);
+        let mut chain_error = None;
+        if let Some(p) = self
+            .previous
+            .as_ref()
+            .filter(|_| comparison.passes(&cfg.audit))
+        {
+            let before = self.step - 1;
+            let (_, mut grads) =
+                witness.member_gradients_on(p.weights, &p.seed, p.epoch, before, index)?;
+            noise(&mut grads, before);
+            let (_, expected) = witness.compress_from(p.momentum, &grads)?;
+            chain_error = Some(audit::chain_error(self.momentum, &expected));
+        }
         *secs += t0.elapsed().as_secs_f64();
-        Ok(audit::compare(witness.layout(), self.sent, &again))
+        Ok(Verdict {
+            comparison,
+            chain_error,
+        })
     }
 }
 

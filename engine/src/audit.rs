@@ -9,6 +9,18 @@
 //! comparison is not bit equality: the share of top-k coefficients both
 //! picked, and the share of those with the same sign.
 //!
+//! One step's audit cannot catch a member that reveals a momentum crafted
+//! so that its chosen payload recomputes correctly (for a sign flip:
+//! `m' = −m − 2g/β`). Its commitments chain across steps, though: the
+//! momentum it commits to for step t must be what its step t−1 momentum
+//! (committed and signed a step earlier) leaves after step t−1's gradient
+//! and error feedback. When a flagged payload passes its one-step audit, the
+//! witness also replays step t−1 from the revealed t−1 momentum and checks
+//! that the revealed t momentum follows ([`chain_error`]). A forger would
+//! have to forge every momentum back to one it committed honestly, and
+//! the first forged link breaks. One more gradient, only for flagged
+//! payloads that pass.
+//!
 //! Audits are drawn two ways, both from data every node holds once the step
 //! is over, so nobody knows in advance which contribution is checked:
 //! - at random, each contribution with probability `rate`;
@@ -35,6 +47,13 @@ pub struct AuditConfig {
     /// member picked too, and least sign agreement with the others' votes.
     pub screen_support: f32,
     pub screen_agreement: f32,
+    /// Most a revealed momentum may differ from the one its predecessor
+    /// leads to, relative ([`chain_error`]): room for other hardware's
+    /// rounding and top-k ties, not for another history.
+    pub max_chain_error: f32,
+    /// Chance that a randomly drawn audit checks the chain too (flagged
+    /// payloads always do): one more gradient each.
+    pub chain_rate: f64,
 }
 
 impl Default for AuditConfig {
@@ -46,8 +65,33 @@ impl Default for AuditConfig {
             min_agreement: 0.8,
             screen_support: 0.2,
             screen_agreement: 0.55,
+            max_chain_error: 0.5,
+            chain_rate: 0.0,
         }
     }
+}
+
+/// How far a revealed momentum is from the `expected` one its previous
+/// revealed momentum leads to: ‖revealed − expected‖ / ‖expected‖ (∞ when
+/// the shapes differ).
+pub fn chain_error(revealed: &[Vec<f32>], expected: &[Vec<f32>]) -> f32 {
+    let same_shape = revealed.len() == expected.len()
+        && revealed
+            .iter()
+            .zip(expected)
+            .all(|(a, b)| a.len() == b.len());
+    if !same_shape {
+        return f32::INFINITY;
+    }
+    let (mut diff, mut norm) = (0f64, 0f64);
+    for (a, b) in revealed.iter().flatten().zip(expected.iter().flatten()) {
+        diff += f64::from(a - b).powi(2);
+        norm += f64::from(*b).powi(2);
+    }
+    if norm == 0.0 {
+        return if diff == 0.0 { 0.0 } else { f32::INFINITY };
+    }
+    (diff / norm).sqrt() as f32
 }
 
 /// The commitment to a member's momentum carried by its contribution.
@@ -330,6 +374,16 @@ mod tests {
 
     fn layout() -> Layout {
         Layout::new(&[vec![16, 16]], &CompressConfig::default())
+    }
+
+    #[test]
+    fn chain_error_is_relative_and_refuses_other_shapes() {
+        let expected = vec![vec![3.0, 4.0], vec![0.0]];
+        assert_eq!(chain_error(&expected, &expected), 0.0);
+        let off = vec![vec![3.0, 4.5], vec![0.0]];
+        assert!((chain_error(&off, &expected) - 0.1).abs() < 1e-6);
+        assert_eq!(chain_error(&[vec![3.0, 4.0]], &expected), f32::INFINITY);
+        assert_eq!(chain_error(&[vec![1.0]], &[vec![0.0]]), f32::INFINITY);
     }
 
     fn payload(idx: &[u16], neg: &[bool]) -> Payload {

@@ -166,8 +166,37 @@ impl Trainer {
         index: u32,
         momentum: &[Vec<f32>],
     ) -> Result<crate::compress::Payload, EngineError> {
+        self.replay_on(weights, seed, epoch, step, index, momentum)
+            .map(|(p, _)| p)
+    }
+
+    /// [`Self::recompute_on`], also returning the momentum the member holds
+    /// after the step: what its next contribution must commit to (the
+    /// momentum chain, see [`crate::audit::chain_error`]).
+    pub fn replay_on(
+        &mut self,
+        weights: &ParamSet,
+        seed: &[u8; 32],
+        epoch: u32,
+        step: u32,
+        index: u32,
+        momentum: &[Vec<f32>],
+    ) -> Result<(crate::compress::Payload, Vec<Vec<f32>>), EngineError> {
+        let (_, grads) = self.member_gradients_on(weights, seed, epoch, step, index)?;
+        self.compress_from(momentum, &grads)
+    }
+
+    /// [`Self::member_gradients`] on `weights` instead of the current ones.
+    pub fn member_gradients_on(
+        &mut self,
+        weights: &ParamSet,
+        seed: &[u8; 32],
+        epoch: u32,
+        step: u32,
+        index: u32,
+    ) -> Result<(f32, Vec<Vec<f32>>), EngineError> {
         let current = std::mem::replace(&mut self.params, weights.clone());
-        let out = self.recompute(seed, epoch, step, index, momentum);
+        let out = self.member_gradients(seed, epoch, step, index);
         self.params = current;
         out
     }
@@ -179,11 +208,26 @@ impl Trainer {
         momentum: &[Vec<f32>],
         grads: &[Vec<f32>],
     ) -> Result<crate::compress::Payload, EngineError> {
+        self.compress_from(momentum, grads).map(|(p, _)| p)
+    }
+
+    /// [`Self::compress_as`], also returning the momentum left afterwards.
+    pub fn compress_from(
+        &self,
+        momentum: &[Vec<f32>],
+        grads: &[Vec<f32>],
+    ) -> Result<(crate::compress::Payload, Vec<Vec<f32>>), EngineError> {
         let mut c = Compressor {
             cfg: self.cfg.compress,
             momentum: momentum.to_vec(),
         };
-        c.compress(&self.layout, grads)
+        let p = c.compress(&self.layout, grads)?;
+        Ok((p, c.momentum))
+    }
+
+    /// The momentum decay (β) this job compresses with.
+    pub fn decay(&self) -> f32 {
+        self.cfg.compress.decay
     }
 
     /// Loss and gradients on this member's batch for `(epoch, step)` at the

@@ -289,11 +289,13 @@ fn processes_train_one_model_through_a_kill_a_restart_and_a_late_joiner() {
 /// then a sign-flipper) with one of four processes attacking: every node
 /// screens its payloads out of the vote, the witnesses fetch its momentum
 /// and recompute, a quorum of accusations slashes it, and from then on no
-/// manifest lists it. (Five processes overload two cores.)
+/// manifest lists it. The third attacker flips signs and reveals momenta
+/// forged to make that recompute exactly: only the momentum chain check
+/// fails it. (Five processes overload two cores.)
 #[test]
 fn attackers_are_audited_slashed_and_dropped_from_manifests_over_the_network() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    for mode in ["free-rider", "sign-flip"] {
+    for mode in ["free-rider", "sign-flip", "forged-momentum"] {
         audited_run(mode);
     }
 }
@@ -323,7 +325,7 @@ fn audited_run(mode: &str) {
     assert!(finals.iter().all(|h| *h == finals[0]), "{mode}: {finals:?}");
     assert!(assert_agree(&peers.iter().collect::<Vec<_>>()) > 0);
     // The honest witnesses audited, and only the attacker failed.
-    let mut failed = 0;
+    let (mut failed, mut chain_failed) = (0, 0);
     for p in &peers[..attacker] {
         for l in p
             .lines()
@@ -332,11 +334,24 @@ fn audited_run(mode: &str) {
         {
             let member: usize = field(l, "member").unwrap().parse().unwrap();
             let passed = field(l, "passed") == Some("true");
+            let chain: f32 = field(l, "chain_error").unwrap().parse().unwrap();
+            // A forged momentum passes the one-step audit by design; only
+            // audits that checked the chain can fail it.
+            if mode == "forged-momentum" && member == attacker && chain < 0.0 {
+                continue;
+            }
             assert_eq!(passed, member != attacker, "{mode}: {l}");
             failed += usize::from(!passed);
+            chain_failed += usize::from(!passed && chain > 0.5);
         }
     }
     assert!(failed >= 2, "{mode}: {failed} failed audits");
+    if mode == "forged-momentum" {
+        assert!(
+            chain_failed >= 2,
+            "{mode}: {chain_failed} chain checks failed"
+        );
+    }
     // Slashed within the first steps, then left out of every manifest.
     let slashed_at: u32 = peers[0]
         .lines()

@@ -210,19 +210,58 @@ fn honest_members_audited_on_other_hardware_are_never_accused() {
     let mut cfg = config(&[], true);
     cfg.run.steps = 24;
     cfg.audit.rate = 1.0;
+    cfg.audit.chain_rate = 1.0;
     cfg.witness_micro_batch = micro;
     let engines = (0..MEMBERS).map(|_| backend::cpu()).collect();
     let r = arena::run(&cfg, &Corpus::bundled().unwrap(), engines, engine).unwrap();
     eprintln!(
-        "witness on {label}: {} audits, worst {:?}",
-        r.audits, r.worst_honest
+        "witness on {label}: {} audits, worst {:?}, worst chain error {:?}",
+        r.audits, r.worst_honest, r.worst_honest_chain
     );
     assert_eq!(r.audits, MEMBERS * 24);
+    // Every audit after the first step checked the momentum chain too.
+    assert_eq!(r.chain_checks, MEMBERS * 23);
     assert_eq!(r.false_accusations, 0);
     assert_eq!(r.failed_audits, 0);
     cfg.witness_jitter = 0.01;
     cfg.witness_micro_batch = 0;
     let r = run(&cfg);
-    eprintln!("witness with 1% gradient noise: worst {:?}", r.worst_honest);
+    eprintln!(
+        "witness with 1% gradient noise: worst {:?}, worst chain error {:?}",
+        r.worst_honest, r.worst_honest_chain
+    );
+    assert_eq!(r.chain_checks, MEMBERS * 23);
     assert_eq!(r.failed_audits, 0);
+}
+
+/// A sign-flipper that reveals a momentum forged so its flipped payload
+/// recomputes exactly passes every one-step audit. Its momenta do not chain:
+/// with the chain check it is slashed in the first epoch, without it never.
+#[test]
+fn a_forged_momentum_breaks_the_chain_and_is_slashed() {
+    let r = attack(Mode::ForgedMomentum);
+    eprintln!(
+        "chain checks {}, failed {}, least forged chain error {:?}",
+        r.chain_checks, r.chain_failed, r.least_attacker_chain
+    );
+    assert_slashed_in_first_epoch(&r);
+    assert!(
+        r.chain_failed >= 2,
+        "{} chain checks failed",
+        r.chain_failed
+    );
+    assert_loss_unharmed(&r);
+    let mut blind = config(
+        &[(1, Mode::ForgedMomentum), (4, Mode::ForgedMomentum)],
+        true,
+    );
+    blind.run.steps = EPOCH;
+    blind.audit.max_chain_error = f32::INFINITY;
+    let r = run(&blind);
+    assert!(
+        r.slashed.is_empty(),
+        "slashed without the chain: {:?}",
+        r.slashed
+    );
+    assert!(r.audits > 0 && r.failed_audits == 0);
 }

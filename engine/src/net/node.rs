@@ -75,6 +75,9 @@ pub struct AuditReport {
     pub targeted: bool,
     /// None when the member withheld or misstated its momentum.
     pub comparison: Option<Comparison>,
+    /// How far the revealed momentum is from what the member's previous
+    /// one leads to, when the chain was checked ([`audit::chain_error`]).
+    pub chain_error: Option<f32>,
     /// Compute the recomputation took.
     pub secs: f64,
     /// [`audit::evidence_id`] of the audited contribution.
@@ -267,16 +270,26 @@ enum ToTrainer {
         last_produced_us: u64,
         same_history: bool,
     },
-    /// A momentum revealed for an audit; None when the member withheld it,
-    /// or (`lied`) sent one that does not match its commitment.
+    /// What a member revealed of the momentum it committed to at `step`.
     Audit {
         step: u32,
         member: u32,
-        momentum: Option<Vec<u8>>,
-        lied: bool,
+        outcome: Revealed,
     },
     /// A member was slashed: it no longer audits anyone.
     Slashed(u32),
+}
+
+/// The outcome of asking a member for a committed momentum.
+enum Revealed {
+    /// The encoded momentum, matching its commitment.
+    Momentum(Vec<u8>),
+    /// A momentum that does not hash to the commitment: a lie.
+    Lied,
+    /// The member answered without it.
+    Refused,
+    /// The member could not be reached (it may have restarted honestly).
+    Unreachable,
 }
 
 enum FromTrainer {
@@ -292,10 +305,11 @@ enum FromTrainer {
         momentum: Arc<Vec<u8>>,
         compute_secs: f64,
     },
-    /// Contributions of `step` this witness audits: fetch their momenta.
+    /// Contributions of `step` this witness audits: fetch their momenta
+    /// (and, for a chain check, the one committed at the step before).
     AuditTargets {
         step: u32,
-        targets: Vec<(u32, [u8; 32])>,
+        targets: Vec<Target>,
     },
     Audited(AuditReport),
     Applied {
@@ -372,6 +386,30 @@ fn decode_state(buf: &[u8]) -> Result<(&[u8], Recent), String> {
 /// one can trail its step by several applies.
 const KEEP_WEIGHTS: usize = 8;
 
+/// A contribution a witness audits: whose, the momentum commitment, and
+/// the member's commitment at the step before when the chain is checked.
+struct Target {
+    member: u32,
+    hash: [u8; 32],
+    previous: Option<[u8; 32]>,
+}
+
+/// One side of an audit that is still downloading.
+enum Wait<T> {
+    Pending,
+    Done(T),
+}
+
+/// A contribution drawn for audit, waiting for what its author reveals.
+struct Awaited {
+    c: Contribution,
+    /// Whether the screen drew it (a refusal then fails the audit).
+    targeted: bool,
+    own: Wait<Revealed>,
+    /// The momentum committed at the step before, for the chain check.
+    previous: Option<Wait<Revealed>>,
+}
+
 /// The training thread's side of proof of contribution: the screen's
 /// memory, and a witness's pending audits.
 struct Guard {
@@ -384,9 +422,11 @@ struct Guard {
     /// node computes step t on the weights after t-1 updates (pipelining),
     /// so that is what an audit of step t recomputes on.
     weights_at: BTreeMap<u32, ParamSet>,
-    /// Contributions drawn for audit, waiting for their momenta, with
-    /// whether the screen drew them.
-    awaiting: BTreeMap<(u32, u32), (Contribution, bool)>,
+    /// Contributions drawn for audit, waiting for their momenta.
+    awaiting: BTreeMap<(u32, u32), Awaited>,
+    /// Each member's momentum commitment per recent step (witnesses only):
+    /// what a chain check fetches the previous momentum against.
+    commitments: BTreeMap<u32, BTreeMap<u32, [u8; 32]>>,
 }
 
 impl Guard {
@@ -397,6 +437,7 @@ impl Guard {
         // Anything kept past this step belongs to an abandoned history.
         self.weights_at.retain(|s, _| *s < t.step());
         self.awaiting.retain(|(s, _), _| *s < t.step());
+        self.commitments.retain(|s, _| *s < t.step());
         self.weights_at.insert(t.step(), t.params().clone());
         while self.weights_at.len() > KEEP_WEIGHTS {
             self.weights_at.pop_first();
@@ -434,25 +475,106 @@ impl Guard {
         members: &[u32],
         cs: &[Contribution],
         verdict: &StepScreen,
-    ) -> Vec<(u32, [u8; 32])> {
+    ) -> Vec<Target> {
         if !self.witness {
             return Vec::new();
+        }
+        let step = manifest.step;
+        self.commitments.insert(
+            step,
+            members
+                .iter()
+                .zip(cs)
+                .map(|(m, c)| (*m, c.momentum_hash))
+                .collect(),
+        );
+        while self.commitments.len() > KEEP_WEIGHTS {
+            self.commitments.pop_first();
         }
         let reveal = manifest.id();
         let mut out = Vec::new();
         for ((member, c), screen) in members.iter().zip(cs).zip(&verdict.screens) {
             let targeted = screen.flagged(&self.cfg);
             if *member == me
-                || !(targeted || audit::sampled(&reveal, manifest.step, *member, self.cfg.rate))
+                || !(targeted || audit::sampled(&reveal, step, *member, self.cfg.rate))
                 || !self.designated(me, &reveal, *member)
             {
                 continue;
             }
-            self.awaiting
-                .insert((manifest.step, *member), (c.clone(), targeted));
-            out.push((*member, c.momentum_hash));
+            // A flagged payload that recomputes correctly may rest on a
+            // forged momentum: check that it follows from the last one.
+            let chained = targeted || audit::sampled(&reveal, step, *member, self.cfg.chain_rate);
+            let previous = step
+                .checked_sub(1)
+                .filter(|_| chained)
+                .and_then(|s| self.commitments.get(&s)?.get(member).copied());
+            self.awaiting.insert(
+                (step, *member),
+                Awaited {
+                    c: c.clone(),
+                    targeted,
+                    own: Wait::Pending,
+                    previous: previous.map(|_| Wait::Pending),
+                },
+            );
+            out.push(Target {
+                member: *member,
+                hash: c.momentum_hash,
+                previous,
+            });
         }
         out
+    }
+
+    /// A momentum came in: it completes the audit of its own step and/or
+    /// the chain check of the step after. Returns the audits now decided.
+    fn revealed(
+        &mut self,
+        trainer: &mut Trainer,
+        cfg: &NodeConfig,
+        step: u32,
+        member: u32,
+        outcome: Revealed,
+    ) -> Result<Vec<AuditReport>, String> {
+        let mut outcome = Some(outcome);
+        if let Some(a) = self.awaiting.get_mut(&(step + 1, member))
+            && let Some(Wait::Pending) = a.previous
+        {
+            let own_pending = matches!(
+                self.awaiting.get(&(step, member)).map(|a| &a.own),
+                Some(Wait::Pending)
+            );
+            // Both uses need the bytes only when both are waiting.
+            let copy = match &outcome {
+                Some(Revealed::Momentum(m)) if own_pending => Revealed::Momentum(m.clone()),
+                Some(Revealed::Lied) if own_pending => Revealed::Lied,
+                Some(Revealed::Refused) if own_pending => Revealed::Refused,
+                Some(Revealed::Unreachable) if own_pending => Revealed::Unreachable,
+                _ => outcome.take().unwrap_or(Revealed::Unreachable),
+            };
+            if let Some(a) = self.awaiting.get_mut(&(step + 1, member)) {
+                a.previous = Some(Wait::Done(copy));
+            }
+        }
+        if let Some(o) = outcome
+            && let Some(a) = self.awaiting.get_mut(&(step, member))
+            && matches!(a.own, Wait::Pending)
+        {
+            a.own = Wait::Done(o);
+        }
+        let mut out = Vec::new();
+        for key in [(step, member), (step + 1, member)] {
+            let ready = self.awaiting.get(&key).is_some_and(|a| {
+                matches!(a.own, Wait::Done(_)) && !matches!(a.previous, Some(Wait::Pending))
+            });
+            if ready
+                && let Some(a) = self.awaiting.remove(&key)
+                && let Some(r) = self.audit(trainer, cfg, key.0, key.1, a)?
+            {
+                out.push(r);
+            }
+        }
+        Ok(out)
     }
 
     /// Whether `me` is one of the `quorum` witnesses, drawn from `reveal`,
@@ -478,20 +600,26 @@ impl Guard {
         (pos + n - start) % n < self.cfg.quorum.max(1)
     }
 
-    /// Runs one audit once its momentum is in (or known to be withheld).
-    /// None when there is nothing to decide: not drawn, the weights are no
-    /// longer kept, or a randomly drawn member did not answer (it may have
-    /// restarted; a withheld momentum only counts against a flagged payload).
+    /// Runs one audit once its momenta are in (or known to be withheld).
+    /// None when there is nothing to decide: the weights are no longer
+    /// kept, or the member could not be reached (it may have restarted), or
+    /// a randomly drawn member refused (a withheld momentum only counts
+    /// against a flagged payload).
     fn audit(
         &mut self,
         trainer: &mut Trainer,
         cfg: &NodeConfig,
         step: u32,
         member: u32,
-        momentum: Option<Vec<u8>>,
-        lied: bool,
+        a: Awaited,
     ) -> Result<Option<AuditReport>, String> {
-        let Some((c, targeted)) = self.awaiting.remove(&(step, member)) else {
+        let Awaited {
+            c,
+            targeted,
+            own,
+            previous,
+        } = a;
+        let Wait::Done(own) = own else {
             return Ok(None);
         };
         let Some(weights) = self.weights_at.get(&step.saturating_sub(1)) else {
@@ -508,37 +636,65 @@ impl Guard {
             member,
             &audit::payload_hash(&c.payload),
         );
-        let revealed = momentum.and_then(|m| audit::decode_momentum(&m, trainer.momentum()));
+        let withheld = AuditReport {
+            step,
+            member,
+            passed: false,
+            targeted,
+            comparison: None,
+            chain_error: None,
+            secs: 0.0,
+            evidence,
+        };
+        let revealed = match own {
+            Revealed::Momentum(m) => audit::decode_momentum(&m, trainer.momentum()),
+            Revealed::Unreachable => return Ok(None),
+            Revealed::Refused if !targeted => return Ok(None),
+            Revealed::Lied | Revealed::Refused => None,
+        };
         let Some(revealed) = revealed else {
-            if !(lied || targeted) {
-                return Ok(None);
-            }
-            return Ok(Some(AuditReport {
-                step,
-                member,
-                passed: false,
-                targeted,
-                comparison: None,
-                secs: 0.0,
-                evidence,
-            }));
+            return Ok(Some(withheld));
         };
         let t0 = Instant::now();
         let reference = trainer
             .recompute_on(weights, &cfg.seed, cfg.epoch, step, member, &revealed)
             .map_err(|e| e.to_string())?;
         let cmp = audit::compare(trainer.layout(), &c.payload, &reference);
-        Ok(Some(AuditReport {
-            step,
-            member,
+        let mut report = AuditReport {
             passed: cmp.passes(&self.cfg),
-            targeted,
             comparison: Some(cmp),
-            secs: t0.elapsed().as_secs_f64(),
-            evidence,
-        }))
+            ..withheld
+        };
+        // The chain: replay the step before from the momentum committed
+        // then, on the weights it was computed on; this one must follow.
+        let before = step.wrapping_sub(1);
+        let chain_weights = self.weights_at.get(&before.saturating_sub(1));
+        match (report.passed, previous, chain_weights) {
+            (true, Some(Wait::Done(Revealed::Momentum(m))), Some(w)) => {
+                if let Some(prev) = audit::decode_momentum(&m, trainer.momentum()) {
+                    let (_, expected) = trainer
+                        .replay_on(w, &cfg.seed, cfg.epoch, before, member, &prev)
+                        .map_err(|e| e.to_string())?;
+                    let err = audit::chain_error(&revealed, &expected);
+                    report.chain_error = Some(err);
+                    report.passed = err <= self.cfg.max_chain_error;
+                }
+            }
+            // Lying about, or withholding, a signed commitment of a flagged
+            // payload's history is as bad as withholding its own.
+            (true, Some(Wait::Done(Revealed::Lied | Revealed::Refused)), _) => {
+                report.passed = false;
+            }
+            _ => {}
+        }
+        report.secs = t0.elapsed().as_secs_f64();
+        Ok(Some(report))
     }
 }
+
+/// A member's work for one step: its contribution, its stats, and the
+/// momentum it reveals when that is not its real one (a forger's).
+type Computed = (Contribution, StepStats, Option<Vec<Vec<f32>>>);
 
 /// What an adversarial member remembers between steps.
 #[derive(Default)]
@@ -555,8 +711,20 @@ impl Attacker {
         cfg: &NodeConfig,
         mode: Mode,
         step: u32,
-    ) -> Result<(Contribution, StepStats), EngineError> {
-        let momentum_hash = audit::momentum_hash(trainer.momentum());
+    ) -> Result<Computed, EngineError> {
+        // The forger commits to (and reveals) a momentum made up so its
+        // flipped payload recomputes exactly.
+        let forged = if mode == Mode::ForgedMomentum {
+            let (_, g) = trainer.member_gradients(&cfg.seed, cfg.epoch, step, trainer.id.index)?;
+            Some(adversary::forged_momentum(
+                trainer.momentum(),
+                &g,
+                trainer.decay(),
+            ))
+        } else {
+            None
+        };
+        let momentum_hash = audit::momentum_hash(forged.as_deref().unwrap_or(trainer.momentum()));
         let own = if mode.computes(self.first.is_none()) {
             Some(trainer.compute_scaled(&cfg.seed, cfg.epoch, step, mode.grad_scale())?)
         } else {
@@ -595,6 +763,7 @@ impl Attacker {
                 payload,
             },
             stats,
+            forged,
         ))
     }
 }
@@ -615,6 +784,7 @@ fn train_loop(
         recent: BTreeMap::new(),
         weights_at: BTreeMap::new(),
         awaiting: BTreeMap::new(),
+        commitments: BTreeMap::new(),
     };
     let mut attacker = Attacker::default();
     let mut resumed = false;
@@ -708,17 +878,13 @@ fn train_loop(
         })?;
         Ok(hash)
     };
-    let audit = |trainer: &mut Trainer,
-                 guard: &mut Guard,
-                 step: u32,
-                 member: u32,
-                 momentum: Option<Vec<u8>>,
-                 lied: bool| {
-        match guard.audit(trainer, &cfg, step, member, momentum, lied)? {
-            Some(report) => send(FromTrainer::Audited(report)),
-            None => Ok(()),
-        }
-    };
+    let audit =
+        |trainer: &mut Trainer, guard: &mut Guard, step: u32, member: u32, outcome: Revealed| {
+            for report in guard.revealed(trainer, &cfg, step, member, outcome)? {
+                send(FromTrainer::Audited(report))?;
+            }
+            Ok::<(), String>(())
+        };
     loop {
         while trainer.step() < cfg.steps {
             if next_compute < cfg.steps
@@ -731,12 +897,15 @@ fn train_loop(
                 continue;
             }
             if next_compute < cfg.steps && next_compute <= trainer.step() + 1 {
-                let momentum = Arc::new(audit::encode_momentum(trainer.momentum()));
-                let (c, stats) = match cfg.defence.adversary {
-                    None => trainer.compute_step(&cfg.seed, cfg.epoch, next_compute),
+                let before = audit::encode_momentum(trainer.momentum());
+                let (c, stats, forged) = match cfg.defence.adversary {
+                    None => trainer
+                        .compute_step(&cfg.seed, cfg.epoch, next_compute)
+                        .map(|(c, s)| (c, s, None)),
                     Some(mode) => attacker.contribute(&mut trainer, &cfg, mode, next_compute),
                 }
                 .map_err(|e| e.to_string())?;
+                let momentum = Arc::new(forged.map_or(before, |m| audit::encode_momentum(&m)));
                 compute_secs = stats.compute_secs;
                 loss = stats.loss;
                 let bytes = c.encode(&layout);
@@ -785,9 +954,8 @@ fn train_loop(
                     ToTrainer::Audit {
                         step,
                         member,
-                        momentum,
-                        lied,
-                    } => audit(&mut trainer, &mut guard, step, member, momentum, lied)?,
+                        outcome,
+                    } => audit(&mut trainer, &mut guard, step, member, outcome)?,
                     ToTrainer::Slashed(m) => guard.witnesses.retain(|w| *w != m),
                     _ => {}
                 }
@@ -889,9 +1057,8 @@ fn train_loop(
                 Ok(ToTrainer::Audit {
                     step,
                     member,
-                    momentum,
-                    lied,
-                }) => audit(&mut trainer, &mut guard, step, member, momentum, lied)?,
+                    outcome,
+                }) => audit(&mut trainer, &mut guard, step, member, outcome)?,
                 Ok(_) => {}
             }
         }
@@ -1257,6 +1424,22 @@ impl Net {
         }
     }
 
+    /// Starts downloading the momentum `member` committed to (`hash`) at
+    /// `step`, unless that download is already under way.
+    fn fetch_momentum(&mut self, step: u32, member: u32, hash: [u8; 32]) {
+        if self.reveals.contains_key(&(step, member)) {
+            return;
+        }
+        let r = Reveal {
+            hash,
+            buf: Vec::new(),
+            tries: 0,
+            refused: false,
+        };
+        self.reveals.insert((step, member), r);
+        self.ask_momentum(step, member, 0);
+    }
+
     /// Asks `member` for (the rest of) the momentum behind its contribution
     /// to `step`.
     fn ask_momentum(&mut self, step: u32, member: u32, offset: u32) {
@@ -1289,16 +1472,16 @@ impl Net {
                 return;
             }
         }
-        if self
-            .reveals
-            .remove(&(step, member))
-            .is_some_and(|r| r.refused)
-        {
+        if let Some(r) = self.reveals.remove(&(step, member)) {
+            let outcome = if r.refused {
+                Revealed::Refused
+            } else {
+                Revealed::Unreachable
+            };
             let _ = self.to_trainer.send(ToTrainer::Audit {
                 step,
                 member,
-                momentum: None,
-                lied: false,
+                outcome,
             });
         }
     }
@@ -1330,12 +1513,15 @@ impl Net {
         };
         // A momentum that does not hash to what the member signed is a lie,
         // not a transfer error: the blob protocol already framed it whole.
-        let lied = audit::momentum_hash_bytes(&r.buf) != r.hash;
+        let outcome = if audit::momentum_hash_bytes(&r.buf) == r.hash {
+            Revealed::Momentum(r.buf)
+        } else {
+            Revealed::Lied
+        };
         let _ = self.to_trainer.send(ToTrainer::Audit {
             step,
             member,
-            momentum: (!lied).then_some(r.buf),
-            lied,
+            outcome,
         });
     }
 
@@ -1950,11 +2136,13 @@ pub async fn run_with_control(
                     FromTrainer::Diverged { step } => on_event(&NodeEvent::Diverged { step }),
                     FromTrainer::AuditTargets { step, targets } => {
                         if net.debug {
-                            eprintln!("[{}] audit step {step}: {:?}", net.cfg.me, targets.iter().map(|t| t.0).collect::<Vec<_>>());
+                            eprintln!("[{}] audit step {step}: {:?}", net.cfg.me, targets.iter().map(|t| t.member).collect::<Vec<_>>());
                         }
-                        for (member, hash) in targets {
-                            net.reveals.insert((step, member), Reveal { hash, buf: Vec::new(), tries: 0, refused: false });
-                            net.ask_momentum(step, member, 0);
+                        for t in targets {
+                            net.fetch_momentum(step, t.member, t.hash);
+                            if let Some(prev) = t.previous {
+                                net.fetch_momentum(step - 1, t.member, prev);
+                            }
                         }
                     }
                     FromTrainer::Audited(report) => {
