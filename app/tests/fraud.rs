@@ -9,13 +9,21 @@ mod common;
 use common::*;
 use std::time::{Duration, Instant};
 
-/// A node that flips the sign of every vote it sends joins a job with
-/// three honest ones. The witnesses' audits fail it, the first accuser gathers a
-/// quorum's co-signatures over libp2p and sends `report_fraud`: its stake
-/// goes to the job, it stops, and the honest nodes finish and are paid.
+/// A cheating node joins a job with three honest ones: first a free-rider
+/// (sends garbage, computes nothing), then, in a fresh job, a sign-flipper.
+/// The witnesses' audits fail it, the first accuser gathers a quorum's
+/// co-signatures over libp2p and sends `report_fraud`: its stake goes to
+/// the job, it stops, and the honest nodes finish and are paid. One after
+/// the other: two jobs at once would crowd the two cores.
 #[test]
-fn a_sign_flipper_is_audited_reported_on_chain_and_slashed() {
-    let h = home("fraud");
+fn cheats_are_audited_reported_on_chain_and_slashed() {
+    for mode in ["free-rider", "sign-flip"] {
+        cheat_run(mode);
+    }
+}
+
+fn cheat_run(mode: &str) {
+    let h = home(&format!("fraud-{mode}"));
     let (mut chain, url) = localnet(&h);
     ok(&cohort(&h, &["airdrop", "2", "--url", &url]));
     let created = ok(&cohort(
@@ -61,7 +69,7 @@ fn a_sign_flipper_is_audited_reported_on_chain_and_slashed() {
             "--airdrop",
             "1",
             "--adversary",
-            "sign-flip",
+            mode,
         ],
     );
     let t = Instant::now();
@@ -83,7 +91,11 @@ fn a_sign_flipper_is_audited_reported_on_chain_and_slashed() {
         .flat_map(|n| n.log())
         .filter(|l| l.contains("reported member 3 on chain"))
         .collect();
-    assert_eq!(reported.len(), 1, "one report, by the first accuser");
+    assert_eq!(
+        reported.len(),
+        1,
+        "{mode}: one report, by the first accuser"
+    );
     let t = Instant::now();
     while !honest
         .iter()
