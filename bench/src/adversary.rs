@@ -52,10 +52,15 @@ pub fn run(raw: &[String]) -> Result<()> {
     })
     .map_err(|s| anyhow!("--fractions: `{s}` is not a share below 0.5"))?;
     let modes: Vec<Mode> = match a.get("modes", "all".to_string())?.as_str() {
-        "all" => Mode::ALL.to_vec(),
+        // The nine modes the issue names, then the forger the momentum
+        // chain is for.
+        "all" => Mode::ALL
+            .into_iter()
+            .chain([Mode::ForgedMomentum])
+            .collect(),
         m => list(m, Mode::parse).map_err(|s| {
             anyhow!(
-                "--modes: unknown mode `{s}`; one of {}",
+                "--modes: unknown mode `{s}`; one of {}, forged-momentum",
                 Mode::ALL.map(Mode::name).join(", ")
             )
         })?,
@@ -327,8 +332,10 @@ fn publish(
          recorded as evidence while keeping one common manifest (`net::step`). Where attackers are slashed at \
          the first step, the run continues with the honest members only, so those rows share one loss: the \
          ratio measures the data the attackers took away, not damage they did. Audit overhead counts \
-         the witnesses' gradient recomputations; the screen (one pass over the votes) is not counted. \
-         Run took {secs:.0} s."
+         the witnesses' gradient recomputations (the momentum chain check included); the screen (one pass \
+         over the votes) is not counted. *forged-momentum* is not one of the nine: a sign-flipper that \
+         reveals momenta forged so its flipped payloads recompute exactly; one-step audits pass it, and \
+         only the momentum chain (`audit::chain_error`) convicts it. Run took {secs:.0} s."
     );
     println!("\nworst loss ratio at 33%: {worst_33:.3} (goal ≤ 1.10)");
     report::publish("adversary", &f, &md)

@@ -35,8 +35,9 @@ pub const USAGE: &str = "usage: cohort-peer --index I --members N [options]
   --witnesses LIST    members that audit and whose accusations count, e.g. 0,1,2
   --quorum Q          accusations that slash a member          [2]
   --audit-rate R      share of unflagged contributions audited  [0.02]
+  --chain-rate R      share of those that check the momentum chain too [0]
   --adversary MODE    attack (tests only): sign-flip, noise, scale, alie, ipm,
-                      free-rider, copycat, stale
+                      free-rider, copycat, stale, forged-momentum
   --mdns              discover peers on the LAN
   --peer-id-of I      print member I's peer id and exit
 ";
@@ -102,6 +103,7 @@ fn parse(args: &[String]) -> Result<(NodeConfig, BackendChoice), String> {
             }
             "--quorum" => defence.audit.quorum = num(flag, value()?)?,
             "--audit-rate" => defence.audit.rate = num(flag, value()?)?,
+            "--chain-rate" => defence.audit.chain_rate = num(flag, value()?)?,
             "--adversary" => {
                 let v = value()?;
                 defence.adversary = Some(
