@@ -991,12 +991,13 @@ async fn train_epoch(
             NodeEvent::Audited(r) => {
                 report(&pk, Progress::Audit(r));
                 if !r.passed {
+                    // The chain is checked only after the recomputation passed.
                     let why = match (r.comparison, r.chain_error) {
                         (None, _) => "withheld or misstated its momentum",
-                        (Some(c), _) if !c.passes(&AuditConfig::default()) => {
-                            "does not match its recomputation"
+                        (Some(_), None) => "does not match its recomputation",
+                        (Some(_), Some(_)) => {
+                            "rests on a momentum that does not follow from its last one"
                         }
-                        _ => "rests on a momentum that does not follow from its last one",
                     };
                     say(
                         report,

@@ -135,7 +135,8 @@ pub fn run(
     let mut last_revealed: BTreeMap<usize, Vec<Vec<f32>>> = BTreeMap::new();
     let mut last_weights: Option<ParamSet> = None;
     for step in 0..run.steps {
-        let weights_now = witness.params().clone();
+        // Only audits replay an earlier step.
+        let weights_now = cfg.defend.then(|| witness.params().clone());
         let epoch = step / run.steps_per_epoch.max(1);
         let seed = epoch_seed(&run.job, epoch);
         let active: Vec<usize> = (0..run.members)
@@ -331,7 +332,7 @@ pub fn run(
             .enumerate()
             .filter_map(|(i, c)| c.map(|c| (i, c.0)))
             .collect();
-        last_weights = Some(weights_now);
+        last_weights = weights_now;
         let last = step + 1 == run.steps;
         if run.eval_windows > 0
             && (last || (run.eval_every > 0 && (step + 1) % run.eval_every == 0))
@@ -405,7 +406,7 @@ impl Audited<'_> {
         };
         let (_, mut grads) = witness.member_gradients(self.seed, self.epoch, self.step, index)?;
         noise(&mut grads, self.step);
-        let again = witness.compress_as(self.momentum, &grads)?;
+        let (again, _) = witness.compress_from(self.momentum, &grads)?;
         let comparison = audit::compare(witness.layout(), self.sent, &again);
         let mut chain_error = None;
         if let Some(p) = self

@@ -140,39 +140,11 @@ impl Trainer {
     }
 
     /// What member `index` should have sent for `step`, recomputed by a
-    /// witness on this trainer's weights from the member's revealed
-    /// momentum and its assigned batch (see [`crate::audit`]).
-    pub fn recompute(
-        &mut self,
-        seed: &[u8; 32],
-        epoch: u32,
-        step: u32,
-        index: u32,
-        momentum: &[Vec<f32>],
-    ) -> Result<crate::compress::Payload, EngineError> {
-        let (_, grads) = self.member_gradients(seed, epoch, step, index)?;
-        self.compress_as(momentum, &grads)
-    }
-
-    /// [`Self::recompute`] on `weights` instead of the current ones: the
-    /// P2P node computes step t on the weights before step t-1 was applied,
-    /// so its witnesses audit on those (kept for a few steps).
-    pub fn recompute_on(
-        &mut self,
-        weights: &ParamSet,
-        seed: &[u8; 32],
-        epoch: u32,
-        step: u32,
-        index: u32,
-        momentum: &[Vec<f32>],
-    ) -> Result<crate::compress::Payload, EngineError> {
-        self.replay_on(weights, seed, epoch, step, index, momentum)
-            .map(|(p, _)| p)
-    }
-
-    /// [`Self::recompute_on`], also returning the momentum the member holds
-    /// after the step: what its next contribution must commit to (the
-    /// momentum chain, see [`crate::audit::chain_error`]).
+    /// witness on `weights` from the member's revealed momentum and its
+    /// assigned batch (see [`crate::audit`]), and the momentum the member
+    /// holds afterwards: what its next contribution must commit to (the
+    /// momentum chain). The P2P node computes step t on the weights before
+    /// step t-1 was applied, so its witnesses pass those (kept a few steps).
     pub fn replay_on(
         &mut self,
         weights: &ParamSet,
@@ -202,16 +174,8 @@ impl Trainer {
     }
 
     /// Compresses `grads` from `momentum` as a member with that momentum
-    /// would (the witness side of an audit).
-    pub fn compress_as(
-        &self,
-        momentum: &[Vec<f32>],
-        grads: &[Vec<f32>],
-    ) -> Result<crate::compress::Payload, EngineError> {
-        self.compress_from(momentum, grads).map(|(p, _)| p)
-    }
-
-    /// [`Self::compress_as`], also returning the momentum left afterwards.
+    /// would (the witness side of an audit); also returns the momentum left
+    /// afterwards.
     pub fn compress_from(
         &self,
         momentum: &[Vec<f32>],

@@ -76,7 +76,8 @@ pub struct AuditReport {
     /// None when the member withheld or misstated its momentum.
     pub comparison: Option<Comparison>,
     /// How far the revealed momentum is from what the member's previous
-    /// one leads to, when the chain was checked ([`audit::chain_error`]).
+    /// one leads to, when the chain was checked ([`audit::chain_error`]);
+    /// ∞ when the member lied about or withheld that previous momentum.
     pub chain_error: Option<f32>,
     /// Compute the recomputation took.
     pub secs: f64,
@@ -281,6 +282,7 @@ enum ToTrainer {
 }
 
 /// The outcome of asking a member for a committed momentum.
+#[derive(Clone)]
 enum Revealed {
     /// The encoded momentum, matching its commitment.
     Momentum(Vec<u8>),
@@ -536,31 +538,16 @@ impl Guard {
         member: u32,
         outcome: Revealed,
     ) -> Result<Vec<AuditReport>, String> {
-        let mut outcome = Some(outcome);
+        // Only flagged payloads chain, so the copy is rare.
         if let Some(a) = self.awaiting.get_mut(&(step + 1, member))
-            && let Some(Wait::Pending) = a.previous
+            && matches!(a.previous, Some(Wait::Pending))
         {
-            let own_pending = matches!(
-                self.awaiting.get(&(step, member)).map(|a| &a.own),
-                Some(Wait::Pending)
-            );
-            // Both uses need the bytes only when both are waiting.
-            let copy = match &outcome {
-                Some(Revealed::Momentum(m)) if own_pending => Revealed::Momentum(m.clone()),
-                Some(Revealed::Lied) if own_pending => Revealed::Lied,
-                Some(Revealed::Refused) if own_pending => Revealed::Refused,
-                Some(Revealed::Unreachable) if own_pending => Revealed::Unreachable,
-                _ => outcome.take().unwrap_or(Revealed::Unreachable),
-            };
-            if let Some(a) = self.awaiting.get_mut(&(step + 1, member)) {
-                a.previous = Some(Wait::Done(copy));
-            }
+            a.previous = Some(Wait::Done(outcome.clone()));
         }
-        if let Some(o) = outcome
-            && let Some(a) = self.awaiting.get_mut(&(step, member))
+        if let Some(a) = self.awaiting.get_mut(&(step, member))
             && matches!(a.own, Wait::Pending)
         {
-            a.own = Wait::Done(o);
+            a.own = Wait::Done(outcome);
         }
         let mut out = Vec::new();
         for key in [(step, member), (step + 1, member)] {
@@ -656,8 +643,8 @@ impl Guard {
             return Ok(Some(withheld));
         };
         let t0 = Instant::now();
-        let reference = trainer
-            .recompute_on(weights, &cfg.seed, cfg.epoch, step, member, &revealed)
+        let (reference, _) = trainer
+            .replay_on(weights, &cfg.seed, cfg.epoch, step, member, &revealed)
             .map_err(|e| e.to_string())?;
         let cmp = audit::compare(trainer.layout(), &c.payload, &reference);
         let mut report = AuditReport {
@@ -681,8 +668,10 @@ impl Guard {
                 }
             }
             // Lying about, or withholding, a signed commitment of a flagged
-            // payload's history is as bad as withholding its own.
+            // payload's history is as bad as withholding its own: the chain
+            // cannot be followed.
             (true, Some(Wait::Done(Revealed::Lied | Revealed::Refused)), _) => {
+                report.chain_error = Some(f32::INFINITY);
                 report.passed = false;
             }
             _ => {}

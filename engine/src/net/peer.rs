@@ -201,7 +201,9 @@ fn event_json(e: &NodeEvent) -> Option<String> {
             let (overlap, agreement) = r
                 .comparison
                 .map_or((-1.0, -1.0), |c| (c.overlap, c.agreement));
-            let chain = r.chain_error.unwrap_or(-1.0);
+            // -1: not checked; an unfollowable chain prints as f32::MAX, so
+            // the line stays JSON.
+            let chain = r.chain_error.map_or(-1.0, |e| e.min(f32::MAX));
             format!(
                 r#"{{"event":"audited","step":{},"member":{},"passed":{},"targeted":{},"overlap":{overlap:.4},"agreement":{agreement:.4},"chain_error":{chain:.5}}}"#,
                 r.step, r.member, r.passed, r.targeted
