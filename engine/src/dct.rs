@@ -27,7 +27,8 @@ pub fn basis(n: usize) -> Vec<f32> {
         };
         for i in 0..n {
             c[k * n + i] =
-                (s * (std::f64::consts::PI * (i as f64 + 0.5) * k as f64 / nf).cos()) as f32;
+                (s * crate::detmath::cos(std::f64::consts::PI * (i as f64 + 0.5) * k as f64 / nf))
+                    as f32;
         }
     }
     c

@@ -188,10 +188,11 @@ impl Normal {
             return s;
         }
         let (u1, u2) = (self.uniform(), self.uniform());
-        let r = (-2.0 * u1.ln()).sqrt();
+        // Initial weights decide the model hash: platform-independent maths.
+        let r = (-2.0 * crate::detmath::ln(u1)).sqrt();
         let th = 2.0 * std::f64::consts::PI * u2;
-        self.spare = Some((r * th.sin()) as f32);
-        (r * th.cos()) as f32
+        self.spare = Some((r * crate::detmath::sin(th)) as f32);
+        (r * crate::detmath::cos(th)) as f32
     }
 }
 

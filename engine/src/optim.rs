@@ -1,6 +1,8 @@
 //! Update rules applied on the CPU master weights, and the baselines the
 //! convergence benchmark compares against.
 
+use crate::detmath;
+
 /// Linear warmup then cosine decay to `min_ratio * base`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LrSchedule {
@@ -17,7 +19,7 @@ impl LrSchedule {
         }
         let span = self.total.saturating_sub(self.warmup).max(1);
         let t = ((step - self.warmup) as f32 / span as f32).min(1.0);
-        let cos = 0.5 * (1.0 + (std::f32::consts::PI * t).cos());
+        let cos = (0.5 * (1.0 + detmath::cos(std::f64::consts::PI * t as f64))) as f32;
         self.base * (self.min_ratio + (1.0 - self.min_ratio) * cos)
     }
 }
@@ -35,7 +37,7 @@ pub fn sign_sgd_step(values: &mut [Vec<f32>], directions: &[Vec<f32>], lr: f32, 
 /// Adam's second-moment normalization applied to an already aggregated
 /// direction: `v <- b2 v + (1 - b2) d^2`, `d <- d / (sqrt(v / (1 - b2^t)) + eps)`.
 pub fn adaptive_scale(dirs: &mut [Vec<f32>], v: &mut [Vec<f32>], beta2: f32, t: u32) {
-    let correction = 1.0 - beta2.powi(t.min(i32::MAX as u32) as i32);
+    let correction = 1.0 - detmath::powi_f32(beta2, t);
     for (d, v) in dirs.iter_mut().zip(v.iter_mut()) {
         for (di, vi) in d.iter_mut().zip(v.iter_mut()) {
             *vi = beta2 * *vi + (1.0 - beta2) * *di * *di;

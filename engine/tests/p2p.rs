@@ -656,16 +656,28 @@ fn replayed_messages_are_dropped_and_counted() {
 }
 
 #[test]
-fn wrong_job_messages_are_dropped_and_counted() {
-    // Signed by a real member of the job, but for another job.
-    hostile(Drop::WrongJob, |_| {
-        let (secret, _) = local_member(0);
+fn messages_for_another_job_or_an_earlier_epoch_are_dropped_and_counted() {
+    // Signed by a real member of the job, but for another job, or a
+    // heartbeat replayed from an earlier epoch that claims the member is
+    // done (receivers hold no sequence numbers from that epoch).
+    hostile(Drop::WrongJob, |c| {
+        static SENT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let replay = SENT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 2 == 1;
+        // The replay speaks for member 1, so member 0 is the one it targets.
+        let member = u32::from(replay);
+        let (secret, _) = local_member(member as usize);
+        let job = match msg::open(c) {
+            Ok(s) if replay => *s.body.job(),
+            _ => local_job("some-other-job"),
+        };
         let hb = Heartbeat {
-            job: local_job("some-other-job"),
-            member: 0,
+            job,
+            epoch: if replay { 7 } else { 0 },
+            member,
             seq: u64::MAX,
             ready_from: 0,
-            applied: 0,
+            applied: u32::MAX,
+            auditing: 0,
         };
         msg::sign(&Body::Heartbeat(hb), &msg::keypair(&secret))
     });
@@ -676,10 +688,12 @@ fn messages_from_non_members_are_dropped_and_counted() {
     hostile(Drop::NotMember, |c| {
         let mut hb = Heartbeat {
             job: [0; 32],
+            epoch: 0,
             member: 0,
             seq: u64::MAX,
             ready_from: 0,
             applied: 0,
+            auditing: 0,
         };
         if let Ok(s) = msg::open(c) {
             hb.job = *s.body.job();

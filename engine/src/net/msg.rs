@@ -95,6 +95,9 @@ pub fn chain(parent: &[u8; 32], manifest: &[u8; 32]) -> [u8; 32] {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Heartbeat {
     pub job: [u8; 32],
+    /// The epoch it speaks for: one replayed from an earlier epoch (whose
+    /// sequence numbers the receivers no longer hold) is refused.
+    pub epoch: u32,
     pub member: u32,
     /// Strictly increasing per sender: an older or equal one is a replay.
     pub seq: u64,
@@ -103,6 +106,9 @@ pub struct Heartbeat {
     pub ready_from: u32,
     /// Updates this member has applied.
     pub applied: u32,
+    /// Audits this member (a witness) has drawn and not yet decided: a
+    /// finished member stays while a peer still audits it.
+    pub auditing: u32,
 }
 
 /// A witness's signed statement that one contribution failed its audit.
@@ -223,10 +229,12 @@ fn body_bytes(body: &Body, out: &mut Vec<u8>) {
         Body::Manifest(m) => manifest_bytes(m, out),
         Body::Heartbeat(h) => {
             out.extend_from_slice(&h.job);
+            out.extend_from_slice(&h.epoch.to_le_bytes());
             out.extend_from_slice(&h.member.to_le_bytes());
             out.extend_from_slice(&h.seq.to_le_bytes());
             out.extend_from_slice(&h.ready_from.to_le_bytes());
             out.extend_from_slice(&h.applied.to_le_bytes());
+            out.extend_from_slice(&h.auditing.to_le_bytes());
         }
         Body::Accuse(a) => {
             out.extend_from_slice(&a.job);
@@ -316,10 +324,12 @@ fn parse_body(r: &mut Reader) -> Result<Body, cohort_program::codec::CodecError>
         }
         3 => Body::Heartbeat(Heartbeat {
             job: r.array()?,
+            epoch: r.u32()?,
             member: r.u32()?,
             seq: r.u64()?,
             ready_from: r.u32()?,
             applied: r.u32()?,
+            auditing: r.u32()?,
         }),
         4 => Body::Accuse(Accuse {
             job: r.array()?,
@@ -562,10 +572,12 @@ mod tests {
             manifest(),
             Body::Heartbeat(Heartbeat {
                 job: [7; 32],
+                epoch: 2,
                 member: 3,
                 seq: 5,
                 ready_from: 4,
                 applied: 3,
+                auditing: 1,
             }),
             Body::Announce(Announce {
                 job: [7; 32],

@@ -313,7 +313,14 @@ enum FromTrainer {
         step: u32,
         targets: Vec<Target>,
     },
-    Audited(AuditReport),
+    /// An audit drawn at `step` of `member` is decided: its report, or
+    /// None when there was nothing to decide (the member was unreachable,
+    /// or a randomly drawn member declined).
+    AuditDone {
+        step: u32,
+        member: u32,
+        report: Option<AuditReport>,
+    },
     Applied {
         step: u32,
         state_hash: [u8; 32],
@@ -441,9 +448,36 @@ impl Guard {
         self.awaiting.retain(|(s, _), _| *s < t.step());
         self.commitments.retain(|s, _| *s < t.step());
         self.weights_at.insert(t.step(), t.params().clone());
+        // A pending audit pins the weights it recomputes on: a witness that
+        // falls behind audits late, it never drops the audit.
+        let pinned = self.pinned();
         while self.weights_at.len() > KEEP_WEIGHTS {
-            self.weights_at.pop_first();
+            let Some(old) = self
+                .weights_at
+                .keys()
+                .find(|s| !pinned.contains(s))
+                .copied()
+            else {
+                break;
+            };
+            if Some(&old) == self.weights_at.keys().next_back() {
+                break;
+            }
+            self.weights_at.remove(&old);
         }
+    }
+
+    /// Weight states that audits still waiting for momenta will recompute
+    /// on: the step before each, and the one before that for a chain check.
+    fn pinned(&self) -> BTreeSet<u32> {
+        let mut out = BTreeSet::new();
+        for ((step, _), a) in &self.awaiting {
+            out.insert(step.saturating_sub(1));
+            if a.previous.is_some() {
+                out.insert(step.saturating_sub(2));
+            }
+        }
+        out
     }
 
     /// Screens step `step`'s contributions (identically on every node) and
@@ -537,7 +571,7 @@ impl Guard {
         step: u32,
         member: u32,
         outcome: Revealed,
-    ) -> Result<Vec<AuditReport>, String> {
+    ) -> Result<Vec<(u32, u32, Option<AuditReport>)>, String> {
         // Only flagged payloads chain, so the copy is rare.
         if let Some(a) = self.awaiting.get_mut(&(step + 1, member))
             && matches!(a.previous, Some(Wait::Pending))
@@ -554,12 +588,16 @@ impl Guard {
             let ready = self.awaiting.get(&key).is_some_and(|a| {
                 matches!(a.own, Wait::Done(_)) && !matches!(a.previous, Some(Wait::Pending))
             });
-            if ready
-                && let Some(a) = self.awaiting.remove(&key)
-                && let Some(r) = self.audit(trainer, cfg, key.0, key.1, a)?
-            {
-                out.push(r);
+            if ready && let Some(a) = self.awaiting.remove(&key) {
+                out.push((key.0, key.1, self.audit(trainer, cfg, key.0, key.1, a)?));
             }
+        }
+        // An audit abandoned with its history (a rewind) is settled too, so
+        // the network side does not wait for it.
+        if !self.awaiting.contains_key(&(step, member))
+            && !out.iter().any(|d| (d.0, d.1) == (step, member))
+        {
+            out.push((step, member, None));
         }
         Ok(out)
     }
@@ -869,8 +907,12 @@ fn train_loop(
     };
     let audit =
         |trainer: &mut Trainer, guard: &mut Guard, step: u32, member: u32, outcome: Revealed| {
-            for report in guard.revealed(trainer, &cfg, step, member, outcome)? {
-                send(FromTrainer::Audited(report))?;
+            for (step, member, report) in guard.revealed(trainer, &cfg, step, member, outcome)? {
+                send(FromTrainer::AuditDone {
+                    step,
+                    member,
+                    report,
+                })?;
             }
             Ok::<(), String>(())
         };
@@ -1069,6 +1111,11 @@ struct Reveal {
     hash: [u8; 32],
     buf: Vec<u8>,
     tries: u32,
+    /// When the download began: a member that cannot be reached is asked
+    /// again until [`AUDIT_PATIENCE`] has passed.
+    since: Instant,
+    /// When to ask again after an unreachable try.
+    retry_at: Option<Instant>,
     /// The member answered at least once without the momentum.
     refused: bool,
 }
@@ -1144,7 +1191,20 @@ struct Net {
     owed_reports: BTreeMap<u32, Option<Instant>>,
     /// Whether an application drives reports through [`Control`].
     reports: bool,
+    /// Audits this witness drew and has not decided yet: it does not
+    /// leave while any is open (up to [`AUDIT_PATIENCE`] after its last
+    /// step), so a slow witness still audits instead of dropping it.
+    auditing: BTreeSet<(u32, u32)>,
+    /// Peers whose latest heartbeat says they still audit: their audits
+    /// may need this node's momentum or count its accusation, so a
+    /// finished node stays for them too (never past [`AUDIT_PATIENCE`]).
+    peers_auditing: BTreeSet<u32>,
 }
+
+/// How long a node that finished its steps stays for its open audits and
+/// for live peers still training or auditing, and how long a witness keeps
+/// asking a member it cannot reach for a momentum.
+const AUDIT_PATIENCE: Duration = Duration::from_secs(60);
 
 impl Net {
     fn now(&self) -> Duration {
@@ -1188,6 +1248,9 @@ impl Net {
             return Err(Drop::Replayed);
         }
         if let Body::Heartbeat(h) = &s.body {
+            if h.epoch != self.cfg.epoch {
+                return Err(Drop::WrongJob);
+            }
             let last = self.heartbeat_seq.entry(s.signer).or_insert(0);
             if h.seq <= *last {
                 return Err(Drop::Replayed);
@@ -1224,8 +1287,17 @@ impl Net {
             Body::Manifest(m) => return self.on_manifest(m, signed.raw),
             Body::Heartbeat(h) => {
                 self.stats.accepted += 1;
-                if h.applied >= self.cfg.steps {
+                // Done, and auditing nobody: a witness that still audits
+                // may yet ask this node for a momentum.
+                if h.applied >= self.cfg.steps && h.auditing == 0 {
                     self.peers_done.insert(h.member);
+                } else {
+                    self.peers_done.remove(&h.member);
+                }
+                if h.auditing > 0 {
+                    self.peers_auditing.insert(h.member);
+                } else {
+                    self.peers_auditing.remove(&h.member);
                 }
                 self.machine.on_ready(h.member, h.ready_from);
             }
@@ -1423,6 +1495,8 @@ impl Net {
             hash,
             buf: Vec::new(),
             tries: 0,
+            since: Instant::now(),
+            retry_at: None,
             refused: false,
         };
         self.reveals.insert((step, member), r);
@@ -1455,6 +1529,12 @@ impl Net {
             );
         }
         r.buf.clear();
+        // Unreachable is not a refusal: a busy or restarting member gets
+        // time (a cheat gains nothing by going quiet, the audit waits).
+        if !answered && !r.refused && r.since.elapsed() < AUDIT_PATIENCE {
+            r.retry_at = Some(Instant::now() + Duration::from_secs(r.tries.min(5) as u64));
+            return;
+        }
         if r.tries < 3 {
             let req = Request::Momentum { step, offset: 0 };
             if self.ask(member, req, Pending::Momentum { step, member }) {
@@ -1472,6 +1552,24 @@ impl Net {
                 member,
                 outcome,
             });
+        }
+    }
+
+    /// Asks again for the momenta whose last try found the member
+    /// unreachable, once their wait is over.
+    fn retry_reveals(&mut self) {
+        let now = Instant::now();
+        let due: Vec<(u32, u32)> = self
+            .reveals
+            .iter_mut()
+            .filter(|(_, r)| r.retry_at.is_some_and(|t| t <= now))
+            .map(|(k, r)| {
+                r.retry_at = None;
+                *k
+            })
+            .collect();
+        for (step, member) in due {
+            self.ask_momentum(step, member, 0);
         }
     }
 
@@ -1832,10 +1930,12 @@ impl Net {
         self.seq = self.seq.max(now_us());
         let hb = Heartbeat {
             job: self.cfg.job,
+            epoch: self.cfg.epoch,
             member: self.cfg.me,
             seq: self.seq,
             ready_from: self.next_contribution,
             applied: self.applied,
+            auditing: self.auditing.len() as u32,
         };
         let raw = msg::sign(&Body::Heartbeat(hb), &self.key);
         // Heartbeats are not worth queueing.
@@ -1996,6 +2096,8 @@ pub async fn run_with_control(
         peers_done: Default::default(),
         momenta: BTreeMap::new(),
         reveals: BTreeMap::new(),
+        auditing: BTreeSet::new(),
+        peers_auditing: BTreeSet::new(),
         accusations: BTreeMap::new(),
         accused_by_me: BTreeSet::new(),
         cosigns: HashMap::new(),
@@ -2128,13 +2230,16 @@ pub async fn run_with_control(
                             eprintln!("[{}] audit step {step}: {:?}", net.cfg.me, targets.iter().map(|t| t.member).collect::<Vec<_>>());
                         }
                         for t in targets {
+                            net.auditing.insert((step, t.member));
                             net.fetch_momentum(step, t.member, t.hash);
                             if let Some(prev) = t.previous {
                                 net.fetch_momentum(step - 1, t.member, prev);
                             }
                         }
                     }
-                    FromTrainer::Audited(report) => {
+                    FromTrainer::AuditDone { step, member, report } => {
+                        net.auditing.remove(&(step, member));
+                        let Some(report) = report else { continue };
                         net.stats.audits += 1;
                         net.stats.audit_secs += report.secs;
                         if !report.passed {
@@ -2186,6 +2291,7 @@ pub async fn run_with_control(
                     net.redial();
                 }
                 net.retry_unpublished();
+                net.retry_reveals();
                 net.drive();
                 if let Some(t) = net.done {
                     let all = net.peers_done.len() + 1 >= n;
@@ -2194,8 +2300,20 @@ pub async fn run_with_control(
                     let now = Instant::now();
                     net.owed_reports.retain(|_, until| until.is_none_or(|u| u > now));
                     let reporting = !net.cosigns.is_empty() || !net.owed_reports.is_empty();
+                    // Nor while a live peer is still training or auditing:
+                    // a slow member must still find peers to fetch from.
+                    let now_d = net.now();
+                    let slow_peer = (0..n as u32).any(|m| {
+                        m != net.cfg.me
+                            && !net.peers_done.contains(&m)
+                            && !net.machine.is_slashed(m)
+                            && net.machine.heard_within(now_d, m, Duration::from_secs(5))
+                    });
+                    let staying = (slow_peer
+                        || !(net.auditing.is_empty() && net.peers_auditing.is_empty()))
+                        && t.elapsed() < AUDIT_PATIENCE;
                     let limit = if reporting { linger * 12 } else { linger };
-                    if (all && !reporting) || t.elapsed() > limit {
+                    if (all && !reporting && !staying) || (t.elapsed() > limit && !staying) {
                         break;
                     }
                 }

@@ -253,6 +253,13 @@ impl StepMachine {
         self.last_seen.insert(member, now);
     }
 
+    /// Whether `member` sent any valid message in the last `within`.
+    pub fn heard_within(&self, now: Duration, member: u32, within: Duration) -> bool {
+        self.last_seen
+            .get(&member)
+            .is_some_and(|t| now < *t + within)
+    }
+
     fn gone(&self, now: Duration, member: u32) -> bool {
         member != self.me
             && self
