@@ -572,7 +572,7 @@ pub async fn run_with(
         {
             bail!(
                 "this node was slashed in job {job}: a quorum of witnesses found its \
-                 contributions fraudulent, and its stake went to the job"
+                 contributions fraudulent, and its stake was burned"
             );
         }
         let j: Job = chain.must(&job, "job").await?;
@@ -669,15 +669,7 @@ pub async fn run_with(
                 let att = local
                     .ledger()?
                     .attestation(&cohort_program::ID, &job, e, model_hash)?;
-                let ix = client::attest_epoch(
-                    &pk,
-                    &job,
-                    &j.requester,
-                    e,
-                    model_hash,
-                    att.root,
-                    att.total_points,
-                );
+                let ix = client::attest_epoch(&pk, &job, e, model_hash, att.root, att.total_points);
                 match chain.send("attest_epoch", &[ix], me, &[]).await {
                     Ok(_) => {
                         out.attested.push(e);
@@ -710,7 +702,7 @@ pub async fn run_with(
         .collect::<Result<_>>()?;
     if let Some(m) = chain.state::<Member>(&member_addr).await? {
         let j: Job = chain.must(&job, "job").await?;
-        out.claimed = send_claim(chain, me, &job, &j, m.claimed, points, proof).await?;
+        out.claimed = send_claim(chain, me, &job, &j, m.claimed, points, proof.clone()).await?;
         if out.claimed > 0 {
             say(
                 report,
@@ -718,10 +710,16 @@ pub async fn run_with(
                 format!("claimed {} for {points} contributions", sol(out.claimed)),
             );
         }
-        if m.status != MemberStatus::Active || j.state.is_terminal() {
-            chain
-                .send("close_member", &[client::close_member(&pk, &job)], me, &[])
-                .await?;
+        // The Member account stays until its job has ended; inside the
+        // claim window closing re-checks the proof (nothing is left to pay
+        // after the claim above).
+        if j.state.is_terminal() && j.reserve == 0 {
+            let ix = client::close_member(&pk, &job, points, proof);
+            if let Err(e) = chain.send("close_member", &[ix], me, &[]).await {
+                // Its rent is not lost: the account can be closed once the
+                // claim window is over, with no proof.
+                say(report, &pk, format!("member account kept: {e:#}"));
+            }
         }
     }
     if o.leave {

@@ -11,6 +11,7 @@ use crate::state::*;
 use solana_program::account_info::{AccountInfo, next_account_info};
 use solana_program::clock::Clock;
 use solana_program::entrypoint::ProgramResult;
+use solana_program::incinerator;
 use solana_program::msg;
 use solana_program::program::invoke_signed;
 use solana_program::program_error::ProgramError;
@@ -55,9 +56,10 @@ pub fn process_instruction(
         CohortInstruction::ReportFraud { epoch, evidence } => ctx.report_fraud(epoch, evidence),
         CohortInstruction::CancelJob => ctx.cancel_job(),
         CohortInstruction::ExpireJob => ctx.expire_job(),
-        CohortInstruction::CloseMember => ctx.close_member(),
+        CohortInstruction::CloseMember { points, proof } => ctx.close_member(points, &proof),
         CohortInstruction::CloseEpoch => ctx.close_epoch(),
         CohortInstruction::CloseJob => ctx.close_job(),
+        CohortInstruction::Withdraw => ctx.withdraw(),
     }
 }
 
@@ -169,6 +171,17 @@ fn check_system_program(ai: &AccountInfo) -> Res<()> {
     same(ai.key, &system_program::ID, CohortError::WrongSystemProgram)
 }
 
+/// Where burned lamports go: the runtime destroys whatever this address holds.
+fn incinerator(ai: &AccountInfo) -> Res<()> {
+    same(ai.key, &incinerator::ID, CohortError::AccountMismatch)
+}
+
+/// "Closed" means "not owned by this program": lamports anyone sends to a
+/// closed address never make it look open again.
+fn is_closed(ai: &AccountInfo, program_id: &Pubkey) -> bool {
+    ai.owner != program_id
+}
+
 struct Ctx<'a, 'b> {
     program_id: &'a Pubkey,
     accounts: &'a [AccountInfo<'b>],
@@ -229,6 +242,38 @@ impl<'a, 'b> Ctx<'a, 'b> {
             )?;
         }
         Ok(())
+    }
+
+    /// The requester's id counter, created (rent paid by the requester) on
+    /// its first job. Never closed.
+    fn requester_at(
+        &self,
+        ai: &AccountInfo<'b>,
+        requester: &AccountInfo<'b>,
+        system: &AccountInfo<'b>,
+        rent: &Rent,
+    ) -> Res<Requester> {
+        let (addr, bump) = pda::requester(self.program_id, requester.key);
+        same(ai.key, &addr, CohortError::InvalidPda)?;
+        if ai.owner == self.program_id {
+            let ids: Requester = load(ai, self.program_id)?;
+            same(&ids.requester, requester.key, CohortError::AccountMismatch)?;
+            return Ok(ids);
+        }
+        self.create_pda(
+            requester,
+            ai,
+            system,
+            rent,
+            &[pda::REQUESTER_SEED, requester.key.as_ref(), &[bump]],
+            Requester::LEN,
+            0,
+        )?;
+        Ok(Requester {
+            bump,
+            requester: *requester.key,
+            next_job_id: 0,
+        })
     }
 
     fn node_at(&self, ai: &AccountInfo, owner: &Pubkey) -> Res<Node> {
@@ -396,6 +441,7 @@ impl<'a, 'b> Ctx<'a, 'b> {
         let it = &mut self.accounts.iter();
         let requester = next_account_info(it)?;
         let job_ai = next_account_info(it)?;
+        let requester_ai = next_account_info(it)?;
         let system = next_account_info(it)?;
         let rent = rent(next_account_info(it)?)?;
         let now = clock(next_account_info(it)?)?.unix_timestamp;
@@ -408,6 +454,12 @@ impl<'a, 'b> Ctx<'a, 'b> {
         }
         let (addr, bump) = pda::job(self.program_id, requester.key, job_id);
         same(job_ai.key, &addr, CohortError::InvalidPda)?;
+        let mut ids = self.requester_at(requester_ai, requester, system, &rent)?;
+        if job_id < ids.next_job_id {
+            return Err(err(CohortError::JobIdUsed));
+        }
+        ids.next_job_id = job_id.checked_add(1).ok_or(err(CohortError::Overflow))?;
+        store(requester_ai, &ids)?;
         let id = job_id.to_le_bytes();
         self.create_pda(
             requester,
@@ -481,13 +533,18 @@ impl<'a, 'b> Ctx<'a, 'b> {
         }
         let (addr, bump) = pda::member(self.program_id, job_ai.key, owner.key);
         same(member_ai.key, &addr, CohortError::InvalidPda)?;
-        let claimed = if member_ai.owner == self.program_id {
-            // Rejoining after leaving keeps what was already claimed.
+        // Joining while an epoch is open counts that epoch as present: the
+        // member may train in it, so its points may include it.
+        let from = job.open_epoch().unwrap_or(job.epochs_started);
+        let mut member = if member_ai.owner == self.program_id {
+            // Rejoining after leaving keeps what was claimed and the epochs
+            // counted; the Member account cannot be closed while the job
+            // lives, so this is the only way back in.
             let old = self.member_at(member_ai, job_ai.key)?;
             match old.status {
                 MemberStatus::Active => return Err(err(CohortError::AlreadyMember)),
                 MemberStatus::Slashed => return Err(err(CohortError::NotActiveMember)),
-                MemberStatus::Left => old.claimed,
+                MemberStatus::Left => old,
             }
         } else {
             self.create_pda(
@@ -504,18 +561,27 @@ impl<'a, 'b> Ctx<'a, 'b> {
                 Member::LEN,
                 0,
             )?;
-            0
+            Member {
+                bump,
+                job: *job_ai.key,
+                node: *owner.key,
+                index: 0,
+                joined_epoch: 0,
+                status: MemberStatus::Active,
+                last_voted_epoch: NO_VOTE,
+                claimed: 0,
+                first_epoch: from,
+                epochs_present: 0,
+                stint_from: from,
+                stint_to: ONGOING,
+                slashed: 0,
+                evidence: [0; 32],
+            }
         };
-        let member = Member {
-            bump,
-            job: *job_ai.key,
-            node: *owner.key,
-            index: job.member_count,
-            joined_epoch: job.epochs_started,
-            status: MemberStatus::Active,
-            last_voted_epoch: NO_VOTE,
-            claimed,
-        };
+        member.index = job.member_count;
+        member.joined_epoch = job.epochs_started;
+        member.status = MemberStatus::Active;
+        member.start_stint(from);
         job.member_count += 1;
         node.active_job = *job_ai.key;
         store(member_ai, &member)?;
@@ -570,6 +636,9 @@ impl<'a, 'b> Ctx<'a, 'b> {
         }
         self.remove_member(&mut job, job_ai.key, &mut member, member_ai, last_ai)?;
         member.status = MemberStatus::Left;
+        // Leaving does not end accountability: the epochs it was in stay
+        // counted (for its pay) and reportable (for its stake).
+        member.end_stint(job.epochs_started);
         if node.active_job == *job_ai.key {
             node.active_job = Pubkey::default();
         }
@@ -672,7 +741,6 @@ impl<'a, 'b> Ctx<'a, 'b> {
         let member_ai = next_account_info(it)?;
         let job_ai = next_account_info(it)?;
         let epoch_ai = next_account_info(it)?;
-        let requester = next_account_info(it)?;
         let now = clock(next_account_info(it)?)?.unix_timestamp;
         signer(witness)?;
         let mut node = self.node_at(node_ai, witness.key)?;
@@ -680,17 +748,11 @@ impl<'a, 'b> Ctx<'a, 'b> {
         let mut member = self.member_at(member_ai, job_ai.key)?;
         let mut epoch = self.epoch_at(epoch_ai, job_ai.key)?;
         same(&member.node, witness.key, CohortError::AccountMismatch)?;
-        same(requester.key, &job.requester, CohortError::AccountMismatch)?;
-        // An open epoch of a cancelled job may still finish, so its members get paid.
-        let open = match job.state {
-            JobState::Running => true,
-            JobState::Cancelled => job.reserve > 0,
-            _ => false,
-        };
         if epoch.finalized && epoch.index == epoch_index {
             return Err(err(CohortError::EpochFinalized));
         }
-        if !open || job.current_epoch() != Some(epoch_index) || epoch.index != epoch_index {
+        // An open epoch of a cancelled job may still finish, so its members get paid.
+        if job.open_epoch() != Some(epoch_index) || epoch.index != epoch_index {
             return Err(err(CohortError::WrongEpoch));
         }
         if now > epoch.deadline {
@@ -758,15 +820,17 @@ impl<'a, 'b> Ctx<'a, 'b> {
             if job.state == JobState::Running {
                 if job.epochs_finalized >= job.spec.epochs {
                     job.state = JobState::Completed;
-                    job.ended_at = now;
                 } else {
                     job.deadline = now
                         .checked_add(job.spec.max_epoch_secs as i64)
                         .ok_or(err(CohortError::Overflow))?;
                 }
             }
+            // The claim window counts from the latest finalization, so a
+            // cancelled job's late epoch gets the full window too. Nothing
+            // is paid to the requester here: refunds are pulled (`withdraw`).
             if job.state.is_terminal() {
-                refund(&mut job, job_ai, requester)?;
+                job.ended_at = now;
             }
         }
         store(epoch_ai, &epoch)?;
@@ -790,20 +854,10 @@ impl<'a, 'b> Ctx<'a, 'b> {
         if job.epochs_finalized == 0 {
             return Err(err(CohortError::NoFinalizedRoot));
         }
-        if !merkle::verify(merkle::leaf(owner.key, points), proof, &job.latest_root) {
-            return Err(err(CohortError::InvalidProof));
-        }
-        let entitled = job.points_value(points).ok_or(err(CohortError::Overflow))?;
-        let payout = entitled.saturating_sub(member.claimed);
+        let payout = settle(&mut job, &mut member, owner.key, points, proof)?;
         if payout == 0 {
             return Err(err(CohortError::NothingToClaim));
         }
-        let paid = add(job.paid_out, payout)?;
-        if paid > job.owed {
-            return Err(err(CohortError::PayoutExceedsDeposit));
-        }
-        job.paid_out = paid;
-        member.claimed = entitled;
         move_lamports(job_ai, owner, payout)?;
         store(member_ai, &member)?;
         store(job_ai, &job)
@@ -816,17 +870,21 @@ impl<'a, 'b> Ctx<'a, 'b> {
         let accused_ai = next_account_info(it)?;
         let accused_node_ai = next_account_info(it)?;
         let last_ai = next_account_info(it)?;
+        let burn_ai = next_account_info(it)?;
+        let now = clock(next_account_info(it)?)?.unix_timestamp;
+        incinerator(burn_ai)?;
         let mut job = self.job_at(job_ai)?;
         let epoch = self.epoch_at(epoch_ai, job_ai.key)?;
-        if job.state != JobState::Running
-            || job.current_epoch() != Some(epoch_index)
-            || epoch.index != epoch_index
-        {
+        if !job.fraud_targetable(epoch_index, now) || epoch.index != epoch_index {
             return Err(err(CohortError::WrongEpoch));
         }
         let mut accused = self.member_at(accused_ai, job_ai.key)?;
-        if accused.status != MemberStatus::Active {
+        // A member that left is still accountable for the epochs it was in.
+        if accused.status == MemberStatus::Slashed {
             return Err(err(CohortError::NotActiveMember));
+        }
+        if !accused.present_in(epoch_index) {
+            return Err(err(CohortError::NotPresent));
         }
         let mut node = self.node_at(accused_node_ai, &accused.node)?;
         let committee = Committee::new(&epoch.seed, epoch.members_at_start, job.spec.witness_count);
@@ -858,19 +916,27 @@ impl<'a, 'b> Ctx<'a, 'b> {
         if votes < job.spec.quorum as usize {
             return Err(err(CohortError::QuorumNotReached));
         }
-        let stake = node.stake;
-        node.stake = 0;
+        // At most the stake the job asked for, and burned: nobody who can
+        // trigger a slash (a requester with Sybil witnesses, a quorum) gains
+        // a lamport from it.
+        let stake = node.stake.min(job.spec.min_stake);
+        node.stake = sub(node.stake, stake)?;
         node.slashes = node.slashes.saturating_add(1);
         node.audits_failed = node.audits_failed.saturating_add(1);
         if node.active_job == *job_ai.key {
             node.active_job = Pubkey::default();
         }
         job.slashed = add(job.slashed, stake)?;
-        move_lamports(accused_node_ai, job_ai, stake)?;
-        self.remove_member(&mut job, job_ai.key, &mut accused, accused_ai, last_ai)?;
+        move_lamports(accused_node_ai, burn_ai, stake)?;
+        if accused.status == MemberStatus::Active {
+            self.remove_member(&mut job, job_ai.key, &mut accused, accused_ai, last_ai)?;
+            accused.end_stint(job.epochs_started);
+        }
         accused.status = MemberStatus::Slashed;
+        accused.slashed = stake;
+        accused.evidence = evidence;
         msg!(
-            "cohort: member {} slashed {} lamports, evidence {:?}",
+            "cohort: member {} slashed, {} lamports burned, evidence {:?}",
             accused.node,
             stake,
             &evidence[..8]
@@ -893,17 +959,14 @@ impl<'a, 'b> Ctx<'a, 'b> {
         }
         job.state = JobState::Cancelled;
         job.ended_at = now;
-        refund(&mut job, job_ai, requester)?;
         store(job_ai, &job)
     }
 
     fn expire_job(&self) -> ProgramResult {
         let it = &mut self.accounts.iter();
         let job_ai = next_account_info(it)?;
-        let requester = next_account_info(it)?;
         let now = clock(next_account_info(it)?)?.unix_timestamp;
         let mut job = self.job_at(job_ai)?;
-        same(requester.key, &job.requester, CohortError::AccountMismatch)?;
         let open_epoch = matches!(job.state, JobState::Cancelled) && job.reserve > 0;
         if !(matches!(job.state, JobState::Open | JobState::Running) || open_epoch) {
             return Err(err(CohortError::InvalidJobState));
@@ -917,28 +980,37 @@ impl<'a, 'b> Ctx<'a, 'b> {
             job.state = JobState::Expired;
             job.ended_at = now;
         }
-        refund(&mut job, job_ai, requester)?;
         store(job_ai, &job)
     }
 
-    fn close_member(&self) -> ProgramResult {
+    /// A Member is the only record of what its node was paid and whether it
+    /// was slashed, so it lives as long as its job can pay or slash: while
+    /// the job account exists and is not terminal it cannot be closed (a
+    /// re-created Member would start from `claimed = 0`); inside the claim
+    /// window closing first settles what the member is still owed.
+    fn close_member(&self, points: u64, proof: &[Hash32]) -> ProgramResult {
         let it = &mut self.accounts.iter();
         let owner = next_account_info(it)?;
         let node_ai = next_account_info(it)?;
         let job_ai = next_account_info(it)?;
         let member_ai = next_account_info(it)?;
+        let now = clock(next_account_info(it)?)?.unix_timestamp;
         signer(owner)?;
-        let member = self.member_at(member_ai, job_ai.key)?;
+        let mut member = self.member_at(member_ai, job_ai.key)?;
         same(&member.node, owner.key, CohortError::AccountMismatch)?;
-        // A closed job leaves no account behind; its members may always close.
-        let job_closed = job_ai.owner != self.program_id && job_ai.lamports() == 0;
-        if !job_closed && member.status == MemberStatus::Active {
-            let job = self.job_at(job_ai)?;
-            if !job.state.is_terminal() {
-                return Err(err(CohortError::NotActiveMember));
+        let mut node = self.node_at(node_ai, owner.key)?;
+        if !is_closed(job_ai, self.program_id) {
+            let mut job = self.job_at(job_ai)?;
+            if !job.state.is_terminal() || job.reserve > 0 {
+                return Err(err(CohortError::MemberLocked));
+            }
+            let owed_maybe = member.status != MemberStatus::Slashed && job.epochs_finalized > 0;
+            if owed_maybe && job.in_claim_window(now) {
+                let payout = settle(&mut job, &mut member, owner.key, points, proof)?;
+                move_lamports(job_ai, owner, payout)?;
+                store(job_ai, &job)?;
             }
         }
-        let mut node = self.node_at(node_ai, owner.key)?;
         if node.active_job == *job_ai.key {
             node.active_job = Pubkey::default();
             store(node_ai, &node)?;
@@ -951,44 +1023,98 @@ impl<'a, 'b> Ctx<'a, 'b> {
         let payer = next_account_info(it)?;
         let job_ai = next_account_info(it)?;
         let epoch_ai = next_account_info(it)?;
+        let now = clock(next_account_info(it)?)?.unix_timestamp;
         let epoch = self.epoch_at(epoch_ai, job_ai.key)?;
         same(payer.key, &epoch.rent_payer, CohortError::AccountMismatch)?;
-        let job_closed = job_ai.owner != self.program_id && job_ai.lamports() == 0;
-        if !job_closed && !epoch.finalized {
+        if !is_closed(job_ai, self.program_id) {
             let job = self.job_at(job_ai)?;
-            let still_open = job.current_epoch() == Some(epoch.index)
-                && (job.state == JobState::Running || job.reserve > 0);
-            if still_open {
+            if job.open_epoch() == Some(epoch.index) {
                 return Err(err(CohortError::EpochOpen));
+            }
+            // A fraud report needs the epoch's seed to find its committee.
+            if job.fraud_targetable(epoch.index, now) {
+                return Err(err(CohortError::EpochReportable));
             }
         }
         close_account(epoch_ai, payer)
     }
 
+    /// Closes a finished job: what members were owed but did not claim in
+    /// the window is burned (never refunded: a requester must not profit
+    /// from members it got slashed or blocked), the rest and the rent go
+    /// back to the requester.
     fn close_job(&self) -> ProgramResult {
         let it = &mut self.accounts.iter();
         let requester = next_account_info(it)?;
         let job_ai = next_account_info(it)?;
+        let burn_ai = next_account_info(it)?;
         let now = clock(next_account_info(it)?)?.unix_timestamp;
         signer(requester)?;
+        incinerator(burn_ai)?;
         let job = self.job_at(job_ai)?;
         same(requester.key, &job.requester, CohortError::NotRequester)?;
         if !job.state.is_terminal() || job.reserve > 0 {
             return Err(err(CohortError::InvalidJobState));
         }
-        let window_over = now >= job.ended_at.saturating_add(CLAIM_WINDOW_SECS);
-        if job.paid_out < job.owed && !window_over {
+        let unclaimed = sub(job.owed, job.paid_out)?;
+        if unclaimed > 0 && job.in_claim_window(now) {
             return Err(err(CohortError::ClaimWindowOpen));
         }
+        move_lamports(job_ai, burn_ai, unclaimed)?;
         close_account(job_ai, requester)
+    }
+
+    /// The requester pulls what the job no longer needs. Nothing else ever
+    /// pays the requester, so no other party's instruction can fail because
+    /// of the requester's wallet.
+    fn withdraw(&self) -> ProgramResult {
+        let it = &mut self.accounts.iter();
+        let requester = next_account_info(it)?;
+        let job_ai = next_account_info(it)?;
+        signer(requester)?;
+        let mut job = self.job_at(job_ai)?;
+        same(requester.key, &job.requester, CohortError::NotRequester)?;
+        // Until the job ends, its deposit funds the epochs still to come.
+        if !job.state.is_terminal() {
+            return Err(err(CohortError::InvalidJobState));
+        }
+        let amount = job
+            .refundable()
+            .ok_or(err(CohortError::PayoutExceedsDeposit))?;
+        if amount == 0 {
+            return Err(err(CohortError::NothingToWithdraw));
+        }
+        job.refunded = add(job.refunded, amount)?;
+        move_lamports(job_ai, requester, amount)?;
+        store(job_ai, &job)
     }
 }
 
-/// Pays the requester everything the job holds beyond what is owed or reserved.
-fn refund(job: &mut Job, job_ai: &AccountInfo, requester: &AccountInfo) -> Res<()> {
-    let amount = job
-        .refundable()
-        .ok_or(err(CohortError::PayoutExceedsDeposit))?;
-    job.refunded = add(job.refunded, amount)?;
-    move_lamports(job_ai, requester, amount)
+/// Checks `(owner, points)` against the latest root and the member's
+/// presence, and books what the member is still owed; returns that amount.
+/// The one place a member's pay is computed (claim and close_member).
+fn settle(
+    job: &mut Job,
+    member: &mut Member,
+    owner: &Pubkey,
+    points: u64,
+    proof: &[Hash32],
+) -> Res<u64> {
+    if !merkle::verify(merkle::leaf(owner, points), proof, &job.latest_root) {
+        return Err(err(CohortError::InvalidProof));
+    }
+    // However the quorum filled the table, a member earns at most one
+    // point per step of each epoch it took part in.
+    if points > job.points_cap(member.epochs_present(job.epochs_started)) {
+        return Err(err(CohortError::PointsExceedPresence));
+    }
+    let entitled = job.points_value(points).ok_or(err(CohortError::Overflow))?;
+    let payout = entitled.saturating_sub(member.claimed);
+    let paid = add(job.paid_out, payout)?;
+    if paid > job.owed {
+        return Err(err(CohortError::PayoutExceedsDeposit));
+    }
+    job.paid_out = paid;
+    member.claimed = member.claimed.max(entitled);
+    Ok(payout)
 }

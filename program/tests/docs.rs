@@ -23,6 +23,7 @@ fn account_sizes_and_rent_in_docs_match_the_code() {
         ("Job", Job::LEN),
         ("Member", Member::LEN),
         ("Epoch", Epoch::LEN),
+        ("Requester", Requester::LEN),
     ] {
         let want = (len, rent.minimum_balance(len));
         assert_eq!(
