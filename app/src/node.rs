@@ -27,7 +27,9 @@ use cohort_engine::trainer::TrainConfig;
 use cohort_program::client;
 use cohort_program::instruction::NodeTerms;
 use cohort_program::schedule::Committee;
-use cohort_program::state::{Benchmark, Epoch, Job, JobState, Member, MemberStatus, Node};
+use cohort_program::state::{
+    Benchmark, Candidate, Epoch, Job, JobState, Member, MemberStatus, Node, may_join,
+};
 use serde::{Deserialize, Serialize};
 use solana_sdk::pubkey::Pubkey;
 use solana_sdk::signature::{Keypair, Signer};
@@ -536,7 +538,7 @@ pub async fn run_with(
     // 3. Find a job and join it.
     let job = match o.job {
         Some(j) => j,
-        None => find_job(chain, &pk, bench.fp32_gflops, o.price, report).await?,
+        None => find_job(chain, &pk, report).await?,
     };
     let member_addr = client::member_address(&job, &pk);
     if chain.state::<Member>(&member_addr).await?.is_none() {
@@ -751,22 +753,18 @@ pub fn free_port_base(n: u16) -> Result<u16> {
     bail!("no {n} consecutive free ports on 127.0.0.1")
 }
 
-async fn find_job(
-    chain: &Chain,
-    pk: &Pubkey,
-    gflops: u32,
-    price: u64,
-    report: Report<'_>,
-) -> Result<Pubkey> {
+async fn find_job(chain: &Chain, pk: &Pubkey, report: Report<'_>) -> Result<Pubkey> {
     let mut said = false;
     loop {
+        // The program's own rule (`state::may_join`), on the node as
+        // registered: the same answer `join_job` will give.
+        let node: Node = chain.must(&client::node_address(pk), "node").await?;
+        let me = Candidate::of(&node);
+        let now = unix_now();
         let mut jobs = chain.all::<Job>().await?;
         jobs.sort_by_key(|(_, j)| j.created_at);
-        for (k, j) in &jobs {
-            let open = j.state == JobState::Open && j.member_count < j.spec.max_nodes as u32;
-            if open && j.spec.min_fp32_gflops <= gflops && price <= j.spec.max_price {
-                return Ok(*k);
-            }
+        if let Some((k, _)) = jobs.iter().find(|(_, j)| may_join(j, &me, now).is_ok()) {
+            return Ok(*k);
         }
         if !said {
             say(
@@ -778,6 +776,13 @@ async fn find_job(
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
+}
+
+/// Seconds since the Unix epoch, as the chain's clock counts them.
+pub fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
 }
 
 /// The epoch's members by index (the P2P layer's member order).

@@ -5,7 +5,7 @@
 use crate::instruction::{CohortInstruction, NodeTerms};
 use crate::merkle::Hash32;
 use crate::pda;
-pub use crate::state::{AccountState, Epoch, Job, JobSpec, Member, Node, Requester};
+pub use crate::state::{AccountState, Epoch, FraudCase, Job, JobSpec, Member, Node, Requester};
 use solana_program::incinerator;
 use solana_program::instruction::{AccountMeta, Instruction};
 use solana_program::pubkey::Pubkey;
@@ -48,6 +48,10 @@ pub fn epoch_address(job: &Pubkey, index: u32) -> Pubkey {
 /// The requester's job-id counter (`Requester`): created by its first job.
 pub fn requester_address(requester: &Pubkey) -> Pubkey {
     pda::requester(&crate::ID, requester).0
+}
+/// The votes against `accused` (a node owner) for `epoch` of `job`.
+pub fn fraud_case_address(job: &Pubkey, accused: &Pubkey, epoch: u32) -> Pubkey {
+    pda::fraud_case(&crate::ID, job, accused, epoch).0
 }
 
 pub fn register_node(owner: &Pubkey, terms: NodeTerms, stake: u64) -> Instruction {
@@ -179,12 +183,16 @@ pub fn claim(owner: &Pubkey, job: &Pubkey, points: u64, proof: Vec<Hash32>) -> I
     )
 }
 
-/// Every witness in `witnesses` must sign the transaction.
+/// Every witness in `witnesses` (one or more) must sign the transaction;
+/// their votes add to the case against `accused`, and the vote that brings
+/// it to the job's quorum slashes. `payer` (a signer) pays the case's rent
+/// if this report opens it.
 pub fn report_fraud(
     job: &Pubkey,
     epoch: u32,
     accused: &Pubkey,
     last_member_owner: &Pubkey,
+    payer: &Pubkey,
     witnesses: &[Pubkey],
     evidence: Hash32,
 ) -> Instruction {
@@ -196,6 +204,10 @@ pub fn report_fraud(
         w(member_address(job, last_member_owner)),
         w(incinerator::ID),
         r(sysvar::clock::ID),
+        w(fraud_case_address(job, accused, epoch)),
+        ws(*payer),
+        r(system_program::ID),
+        r(sysvar::rent::ID),
     ];
     for wit in witnesses {
         accounts.push(rs(*wit));
@@ -262,4 +274,21 @@ pub fn close_job(requester: &Pubkey, job: &Pubkey) -> Instruction {
 /// Pays the requester what a finished job no longer owes or reserves.
 pub fn withdraw(requester: &Pubkey, job: &Pubkey) -> Instruction {
     ix(vec![ws(*requester), w(*job)], CohortInstruction::Withdraw)
+}
+
+pub fn close_fraud_case(
+    rent_payer: &Pubkey,
+    job: &Pubkey,
+    accused: &Pubkey,
+    epoch: u32,
+) -> Instruction {
+    ix(
+        vec![
+            w(*rent_payer),
+            r(*job),
+            w(fraud_case_address(job, accused, epoch)),
+            r(sysvar::clock::ID),
+        ],
+        CohortInstruction::CloseFraudCase,
+    )
 }

@@ -63,7 +63,9 @@ pub enum CohortInstruction {
     /// [owner (s, w), job (w), member (w)]
     Claim { points: u64, proof: Vec<Hash32> },
     /// [job (w), epoch, accused member (w), accused node (w), last member (w),
-    ///  incinerator (w), clock, then per witness: witness (s), witness member]
+    ///  incinerator (w), clock, fraud case (w), payer (s, w), system program,
+    ///  rent, then per witness: witness (s), witness member]. Votes add up
+    ///  in the fraud case over transactions; the quorum's vote slashes.
     ReportFraud { epoch: u32, evidence: Hash32 },
     /// [requester (s, w), job (w), clock]
     CancelJob,
@@ -78,6 +80,8 @@ pub enum CohortInstruction {
     CloseJob,
     /// [requester (s, w), job (w)]
     Withdraw,
+    /// [rent payer (w), job, fraud case (w), clock]
+    CloseFraudCase,
 }
 
 impl CohortInstruction {
@@ -125,6 +129,7 @@ impl CohortInstruction {
             14 => Self::CloseEpoch,
             15 => Self::CloseJob,
             16 => Self::Withdraw,
+            17 => Self::CloseFraudCase,
             _ => return Err(CodecError),
         };
         r.finish()?;
@@ -205,6 +210,9 @@ impl CohortInstruction {
             }
             Self::Withdraw => {
                 w.u8(16);
+            }
+            Self::CloseFraudCase => {
+                w.u8(17);
             }
         }
         w.buf

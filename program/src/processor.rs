@@ -60,6 +60,7 @@ pub fn process_instruction(
         CohortInstruction::CloseEpoch => ctx.close_epoch(),
         CohortInstruction::CloseJob => ctx.close_job(),
         CohortInstruction::Withdraw => ctx.withdraw(),
+        CohortInstruction::CloseFraudCase => ctx.close_fraud_case(),
     }
 }
 
@@ -274,6 +275,59 @@ impl<'a, 'b> Ctx<'a, 'b> {
             requester: *requester.key,
             next_job_id: 0,
         })
+    }
+
+    /// The votes against `accused` for `epoch`, opened (rent paid by
+    /// `payer`) by the first report.
+    #[allow(clippy::too_many_arguments)]
+    fn fraud_case_at(
+        &self,
+        ai: &AccountInfo<'b>,
+        payer: &AccountInfo<'b>,
+        system: &AccountInfo<'b>,
+        rent: &Rent,
+        job: &Pubkey,
+        accused: &Pubkey,
+        epoch: u32,
+        evidence: Hash32,
+    ) -> Res<Box<FraudCase>> {
+        let (addr, bump) = pda::fraud_case(self.program_id, job, accused, epoch);
+        same(ai.key, &addr, CohortError::InvalidPda)?;
+        if ai.owner == self.program_id {
+            let case: FraudCase = load(ai, self.program_id)?;
+            let mine = case.job == *job && case.accused == *accused && case.epoch == epoch;
+            if !mine {
+                return Err(err(CohortError::AccountMismatch));
+            }
+            return Ok(Box::new(case));
+        }
+        signer(payer)?;
+        self.create_pda(
+            payer,
+            ai,
+            system,
+            rent,
+            &[
+                pda::FRAUD_SEED,
+                job.as_ref(),
+                accused.as_ref(),
+                &epoch.to_le_bytes(),
+                &[bump],
+            ],
+            FraudCase::LEN,
+            0,
+        )?;
+        Ok(Box::new(FraudCase {
+            bump,
+            job: *job,
+            accused: *accused,
+            epoch,
+            rent_payer: *payer.key,
+            votes: 0,
+            voters: [Pubkey::default(); MAX_WITNESSES],
+            evidence,
+            slashed: false,
+        }))
     }
 
     fn node_at(&self, ai: &AccountInfo, owner: &Pubkey) -> Res<Node> {
@@ -510,27 +564,7 @@ impl<'a, 'b> Ctx<'a, 'b> {
         check_system_program(system)?;
         let mut node = self.node_at(node_ai, owner.key)?;
         let mut job = self.job_at(job_ai)?;
-        if !matches!(job.state, JobState::Open | JobState::Running) {
-            return Err(err(CohortError::InvalidJobState));
-        }
-        if node.status != NodeStatus::Active || node.active_job != Pubkey::default() {
-            return Err(err(CohortError::NodeBusy));
-        }
-        if job.member_count >= job.spec.max_nodes as u32 {
-            return Err(err(CohortError::JobFull));
-        }
-        if node.benchmark.fp32_gflops < job.spec.min_fp32_gflops {
-            return Err(err(CohortError::Underpowered));
-        }
-        if node.price > job.spec.max_price {
-            return Err(err(CohortError::Overpriced));
-        }
-        if node.stake < job.spec.min_stake {
-            return Err(err(CohortError::InsufficientStake));
-        }
-        if now < node.available_from || now >= node.available_until {
-            return Err(err(CohortError::NodeUnavailable));
-        }
+        may_join(&job, &Candidate::of(&node), now)?;
         let (addr, bump) = pda::member(self.program_id, job_ai.key, owner.key);
         same(member_ai.key, &addr, CohortError::InvalidPda)?;
         // Joining while an epoch is open counts that epoch as present: the
@@ -872,7 +906,12 @@ impl<'a, 'b> Ctx<'a, 'b> {
         let last_ai = next_account_info(it)?;
         let burn_ai = next_account_info(it)?;
         let now = clock(next_account_info(it)?)?.unix_timestamp;
+        let case_ai = next_account_info(it)?;
+        let payer = next_account_info(it)?;
+        let system = next_account_info(it)?;
+        let rent = rent(next_account_info(it)?)?;
         incinerator(burn_ai)?;
+        check_system_program(system)?;
         let mut job = self.job_at(job_ai)?;
         let epoch = self.epoch_at(epoch_ai, job_ai.key)?;
         if !job.fraud_targetable(epoch_index, now) || epoch.index != epoch_index {
@@ -887,17 +926,27 @@ impl<'a, 'b> Ctx<'a, 'b> {
             return Err(err(CohortError::NotPresent));
         }
         let mut node = self.node_at(accused_node_ai, &accused.node)?;
+        let mut case = self.fraud_case_at(
+            case_ai,
+            payer,
+            system,
+            &rent,
+            job_ai.key,
+            &accused.node,
+            epoch_index,
+            evidence,
+        )?;
         let committee = Committee::new(&epoch.seed, epoch.members_at_start, job.spec.witness_count);
         let mut seen: [Option<Pubkey>; MAX_WITNESSES] = [None; MAX_WITNESSES];
-        let mut votes = 0usize;
+        let mut listed = 0usize;
         let rest = it.as_slice();
-        if !rest.len().is_multiple_of(2) || rest.len() / 2 > MAX_WITNESSES {
+        if rest.is_empty() || !rest.len().is_multiple_of(2) || rest.len() / 2 > MAX_WITNESSES {
             return Err(err(CohortError::InvalidInstruction));
         }
         for pair in rest.chunks(2) {
             let (w, wm_ai) = (&pair[0], &pair[1]);
             signer(w)?;
-            if seen[..votes].contains(&Some(*w.key)) {
+            if seen[..listed].contains(&Some(*w.key)) {
                 return Err(err(CohortError::DuplicateAccount));
             }
             let wm = self.member_at(wm_ai, job_ai.key)?;
@@ -910,12 +959,29 @@ impl<'a, 'b> Ctx<'a, 'b> {
             if seat.is_none() {
                 return Err(err(CohortError::NotWitness));
             }
-            seen[votes] = Some(*w.key);
-            votes += 1;
+            seen[listed] = Some(*w.key);
+            listed += 1;
+            // A witness counts once per case, whichever transaction carries it.
+            let n = case.votes as usize;
+            if !case.voters[..n].contains(w.key) {
+                if n >= MAX_WITNESSES {
+                    return Err(err(CohortError::InvalidInstruction));
+                }
+                case.voters[n] = *w.key;
+                case.votes += 1;
+            }
         }
-        if votes < job.spec.quorum as usize {
-            return Err(err(CohortError::QuorumNotReached));
+        if (case.votes as usize) < job.spec.quorum as usize {
+            msg!(
+                "cohort: fraud vote recorded, {} of {} against {}",
+                case.votes,
+                job.spec.quorum,
+                accused.node
+            );
+            return store(case_ai, &*case);
         }
+        case.slashed = true;
+        store(case_ai, &*case)?;
         // At most the stake the job asked for, and burned: nobody who can
         // trigger a slash (a requester with Sybil witnesses, a quorum) gains
         // a lamport from it.
@@ -934,12 +1000,12 @@ impl<'a, 'b> Ctx<'a, 'b> {
         }
         accused.status = MemberStatus::Slashed;
         accused.slashed = stake;
-        accused.evidence = evidence;
+        accused.evidence = case.evidence;
         msg!(
             "cohort: member {} slashed, {} lamports burned, evidence {:?}",
             accused.node,
             stake,
-            &evidence[..8]
+            &case.evidence[..8]
         );
         store(accused_ai, &accused)?;
         store(accused_node_ai, &node)?;
@@ -1062,6 +1128,27 @@ impl<'a, 'b> Ctx<'a, 'b> {
         }
         move_lamports(job_ai, burn_ai, unclaimed)?;
         close_account(job_ai, requester)
+    }
+
+    /// A settled case, or one nobody can vote on any more, gives its rent back.
+    fn close_fraud_case(&self) -> ProgramResult {
+        let it = &mut self.accounts.iter();
+        let payer = next_account_info(it)?;
+        let job_ai = next_account_info(it)?;
+        let case_ai = next_account_info(it)?;
+        let now = clock(next_account_info(it)?)?.unix_timestamp;
+        let case: FraudCase = load(case_ai, self.program_id)?;
+        same(&case.job, job_ai.key, CohortError::AccountMismatch)?;
+        let (addr, _) = pda::fraud_case(self.program_id, &case.job, &case.accused, case.epoch);
+        same(case_ai.key, &addr, CohortError::InvalidPda)?;
+        same(payer.key, &case.rent_payer, CohortError::AccountMismatch)?;
+        if !case.slashed && !is_closed(job_ai, self.program_id) {
+            let job = self.job_at(job_ai)?;
+            if job.fraud_targetable(case.epoch, now) {
+                return Err(err(CohortError::EpochReportable));
+            }
+        }
+        close_account(case_ai, payer)
     }
 
     /// The requester pulls what the job no longer needs. Nothing else ever

@@ -33,6 +33,7 @@ pub enum AccountType {
     Member = 3,
     Epoch = 4,
     Requester = 5,
+    FraudCase = 6,
 }
 
 /// A fixed-size, versioned account.
@@ -251,6 +252,62 @@ impl AccountState for Node {
             active_job: r.pubkey()?,
         })
     }
+}
+
+/// What `join_job` needs to know about a node: the one rule for who may
+/// join a job ([`may_join`]) reads only this, so `cohort node`, the GUI and
+/// the program decide alike, even for a node not registered yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Candidate {
+    pub fp32_gflops: u32,
+    pub price: u64,
+    pub stake: u64,
+    pub available_from: i64,
+    pub available_until: i64,
+    /// Active (not deregistering) and in no other job.
+    pub idle: bool,
+}
+
+impl Candidate {
+    pub fn of(node: &Node) -> Self {
+        Self {
+            fp32_gflops: node.benchmark.fp32_gflops,
+            price: node.price,
+            stake: node.stake,
+            available_from: node.available_from,
+            available_until: node.available_until,
+            idle: node.status == NodeStatus::Active && node.active_job == Pubkey::default(),
+        }
+    }
+}
+
+/// The one rule for who may join `job` at `now`, in the order `join_job`
+/// reports it: the job takes members (Open or Running), the node is idle,
+/// there is a free slot, and the node's benchmark, price, stake and
+/// availability meet the spec.
+pub fn may_join(job: &Job, node: &Candidate, now: i64) -> Result<(), CohortError> {
+    if !matches!(job.state, JobState::Open | JobState::Running) {
+        return Err(CohortError::InvalidJobState);
+    }
+    if !node.idle {
+        return Err(CohortError::NodeBusy);
+    }
+    if job.member_count >= job.spec.max_nodes as u32 {
+        return Err(CohortError::JobFull);
+    }
+    if node.fp32_gflops < job.spec.min_fp32_gflops {
+        return Err(CohortError::Underpowered);
+    }
+    if node.price > job.spec.max_price {
+        return Err(CohortError::Overpriced);
+    }
+    if node.stake < job.spec.min_stake {
+        return Err(CohortError::InsufficientStake);
+    }
+    if now < node.available_from || now >= node.available_until {
+        return Err(CohortError::NodeUnavailable);
+    }
+    Ok(())
 }
 
 /// What the requester asks for. Validated once, at `create_job`.
@@ -794,6 +851,76 @@ impl AccountState for Epoch {
             root: r.array()?,
             total_points: r.u64()?,
             model_hash: r.array()?,
+        })
+    }
+}
+
+/// Fraud votes against one member for one epoch, gathered over as many
+/// transactions as the witnesses like (one each, or several co-signed):
+/// the stake is slashed when `voters` reaches the quorum. Closed by its
+/// rent payer once it is settled or can no longer be voted on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FraudCase {
+    pub bump: u8,
+    pub job: Pubkey,
+    /// The accused node owner.
+    pub accused: Pubkey,
+    pub epoch: u32,
+    /// Who paid the rent (the first voter's payer); `close_fraud_case` returns it there.
+    pub rent_payer: Pubkey,
+    pub votes: u8,
+    /// Distinct witnesses that voted, `voters[..votes]`.
+    pub voters: [Pubkey; MAX_WITNESSES],
+    /// The evidence hash the case was opened with.
+    pub evidence: [u8; 32],
+    pub slashed: bool,
+}
+
+impl AccountState for FraudCase {
+    const TYPE: AccountType = AccountType::FraudCase;
+    const BODY_LEN: usize = 1 + 32 + 32 + 4 + 32 + 1 + 32 * MAX_WITNESSES + 32 + 1;
+
+    fn write_body(&self, w: &mut Writer) {
+        w.u8(self.bump)
+            .pubkey(&self.job)
+            .pubkey(&self.accused)
+            .u32(self.epoch)
+            .pubkey(&self.rent_payer)
+            .u8(self.votes);
+        for v in &self.voters {
+            w.pubkey(v);
+        }
+        w.bytes(&self.evidence).u8(self.slashed as u8);
+    }
+
+    fn read_body(r: &mut Reader) -> Result<Self, CodecError> {
+        let bump = r.u8()?;
+        let job = r.pubkey()?;
+        let accused = r.pubkey()?;
+        let epoch = r.u32()?;
+        let rent_payer = r.pubkey()?;
+        let votes = r.u8()?;
+        if votes as usize > MAX_WITNESSES {
+            return Err(CodecError);
+        }
+        let mut voters = [Pubkey::default(); MAX_WITNESSES];
+        for v in voters.iter_mut() {
+            *v = r.pubkey()?;
+        }
+        Ok(Self {
+            bump,
+            job,
+            accused,
+            epoch,
+            rent_payer,
+            votes,
+            voters,
+            evidence: r.array()?,
+            slashed: match r.u8()? {
+                0 => false,
+                1 => true,
+                _ => return Err(CodecError),
+            },
         })
     }
 }

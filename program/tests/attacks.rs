@@ -309,7 +309,8 @@ async fn duplicate_mutable_accounts_are_refused() {
     let accused = r.non_witness(0).await;
     let last = r.last_member().await;
     // One witness listed twice must not count as two votes.
-    let ix = client::report_fraud(&r.job, 0, &accused, &last, &[ws[0], ws[0]], [1; 32]);
+    r.env.track(client::fraud_case_address(&r.job, &accused, 0));
+    let ix = client::report_fraud(&r.job, 0, &accused, &last, &ws[0], &[ws[0], ws[0]], [1; 32]);
     let w0 = find(&r.nodes, &ws[0]).insecure_clone();
     assert_err(
         r.env.send(&[ix], &[&w0]).await,
@@ -493,23 +494,40 @@ async fn slash_without_quorum_is_refused_and_with_quorum_slashes() {
     let last = r.last_member().await;
     let w0 = find(&r.nodes, &ws[0]).insecure_clone();
     let w1 = find(&r.nodes, &ws[1]).insecure_clone();
-    let ix = client::report_fraud(&r.job, 0, &accused, &last, &[ws[0]], [1; 32]);
-    assert_err(
-        r.env.send(&[ix], &[&w0]).await,
-        CohortError::QuorumNotReached,
-    );
+    let case = client::fraud_case_address(&r.job, &accused, 0);
+    r.env.track(case);
+    // One witness below the quorum: its vote is recorded, nothing is taken.
+    let ix = client::report_fraud(&r.job, 0, &accused, &last, &ws[0], &[ws[0]], [1; 32]);
+    r.env.send(&[ix.clone()], &[&w0]).await.unwrap();
+    let n: Node = r.env.state(&client::node_address(&accused)).await;
+    assert_eq!(n.stake, STAKE);
+    let c: FraudCase = r.env.state(&case).await;
+    assert_eq!((c.votes, c.slashed), (1, false));
+    // Voting again does not count twice.
+    r.env.send(&[ix], &[&w0]).await.unwrap();
+    let c: FraudCase = r.env.state(&case).await;
+    assert_eq!(c.votes, 1);
     // A non-witness co-signing does not make a quorum either.
-    let ix = client::report_fraud(&r.job, 0, &accused, &last, &[ws[0], accused], [1; 32]);
+    let ix = client::report_fraud(
+        &r.job,
+        0,
+        &accused,
+        &last,
+        &ws[0],
+        &[ws[0], accused],
+        [1; 32],
+    );
     let acc_kp = find(&r.nodes, &accused).insecure_clone();
     assert_err(
         r.env.send(&[ix], &[&w0, &acc_kp]).await,
         CohortError::NotWitness,
     );
 
+    // The second witness, in its own transaction, completes the quorum.
     let job_before = r.env.balance(&r.job).await;
     let burned_before = r.env.burned;
-    let ix = client::report_fraud(&r.job, 0, &accused, &last, &[ws[0], ws[1]], [1; 32]);
-    r.env.send(&[ix], &[&w0, &w1]).await.unwrap();
+    let ix = client::report_fraud(&r.job, 0, &accused, &last, &ws[1], &[ws[1]], [2; 32]);
+    r.env.send(&[ix], &[&w1]).await.unwrap();
     let m: Member = r.env.state(&client::member_address(&r.job, &accused)).await;
     assert_eq!(
         (m.status, m.slashed, m.evidence),
@@ -564,7 +582,9 @@ impl Running {
     ) -> Result<(), solana_program_test::BanksClientError> {
         let ws: Vec<Pubkey> = self.witnesses(epoch).await.into_iter().take(2).collect();
         let last = self.last_member().await;
-        let ix = client::report_fraud(&self.job, epoch, accused, &last, &ws, evidence);
+        self.env
+            .track(client::fraud_case_address(&self.job, accused, epoch));
+        let ix = client::report_fraud(&self.job, epoch, accused, &last, &ws[0], &ws, evidence);
         let signers: Vec<Keypair> = ws.iter().map(|w| self.kp(w)).collect();
         let refs: Vec<&Keypair> = signers.iter().collect();
         self.env.send(&[ix], &refs).await
@@ -1037,4 +1057,69 @@ async fn a_prefunded_address_does_not_block_creation() {
         env.balance(&addr).await,
         env.rent.minimum_balance(Node::LEN) + STAKE
     );
+}
+
+#[tokio::test]
+async fn hole_7_a_16_seat_committee_with_quorum_9_slashes_over_several_transactions() {
+    let mut env = Env::new().await;
+    let requester = env.user(100 * SOL).await;
+    let nodes = env.nodes(17).await;
+    let mut s = spec();
+    (s.min_nodes, s.max_nodes, s.witness_count, s.quorum) = (16, 17, 16, 9);
+    let job = env
+        .create_job(&requester, 1, s, s.full_budget().unwrap())
+        .await
+        .unwrap();
+    for n in &nodes {
+        env.join(n, &job).await.unwrap();
+    }
+    let mut r = Running {
+        env,
+        requester,
+        nodes,
+        job,
+    };
+    r.env.start_epoch(&job).await.unwrap();
+    let ws = r.witnesses(0).await;
+    assert_eq!(ws.len(), 16);
+    let cheat = r.non_witness(0).await;
+    let case = client::fraud_case_address(&job, &cheat, 0);
+    r.env.track(case);
+    let burned = r.env.burned;
+    // Nine votes in three transactions of three witnesses each.
+    for (k, chunk) in ws[..9].chunks(3).enumerate() {
+        let last = r.last_member().await;
+        let ix = client::report_fraud(&job, 0, &cheat, &last, &chunk[0], chunk, [7; 32]);
+        let signers: Vec<Keypair> = chunk.iter().map(|w| r.kp(w)).collect();
+        let refs: Vec<&Keypair> = signers.iter().collect();
+        r.env.send(&[ix], &refs).await.unwrap();
+        let c: FraudCase = r.env.state(&case).await;
+        assert_eq!(c.votes as usize, 3 * (k + 1));
+        let m: Member = r.env.state(&client::member_address(&job, &cheat)).await;
+        assert_eq!(
+            m.status == MemberStatus::Slashed,
+            k == 2,
+            "after {} votes",
+            c.votes
+        );
+    }
+    let n: Node = r.env.state(&client::node_address(&cheat)).await;
+    assert_eq!(n.stake, 0);
+    assert_eq!(r.env.burned, burned + STAKE);
+    // A tenth vote finds the member already slashed.
+    let last = r.last_member().await;
+    let ix = client::report_fraud(&job, 0, &cheat, &last, &ws[9], &ws[9..10], [7; 32]);
+    let w9 = r.kp(&ws[9]);
+    assert_err(
+        r.env.send(&[ix], &[&w9]).await,
+        CohortError::NotActiveMember,
+    );
+    // The settled case gives its rent back to whoever opened it.
+    let before = r.env.balance(&ws[0]).await;
+    let rent = r.env.rent.minimum_balance(FraudCase::LEN);
+    r.env
+        .send(&[client::close_fraud_case(&ws[0], &job, &cheat, 0)], &[])
+        .await
+        .unwrap();
+    assert_eq!(r.env.balance(&ws[0]).await, before + rent);
 }

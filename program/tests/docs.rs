@@ -24,6 +24,7 @@ fn account_sizes_and_rent_in_docs_match_the_code() {
         ("Member", Member::LEN),
         ("Epoch", Epoch::LEN),
         ("Requester", Requester::LEN),
+        ("FraudCase", FraudCase::LEN),
     ] {
         let want = (len, rent.minimum_balance(len));
         assert_eq!(

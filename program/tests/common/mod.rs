@@ -308,10 +308,19 @@ impl Env {
         let e: Epoch = self.state(&client::epoch_address(job, epoch)).await;
         let j: Job = self.state(job).await;
         let by_index = self.members_by_index(job, candidates).await;
-        Committee::new(&e.seed, e.members_at_start, j.spec.witness_count)
+        let seated: Vec<Pubkey> = Committee::new(&e.seed, e.members_at_start, j.spec.witness_count)
             .members()
             .filter_map(|i| by_index.get(i as usize).copied().flatten())
-            .collect()
+            .collect();
+        // A member that (re)joined after the epoch started holds no seat in it.
+        let mut out = Vec::with_capacity(seated.len());
+        for k in seated {
+            let m: Member = self.state(&client::member_address(job, &k)).await;
+            if m.joined_epoch <= epoch {
+                out.push(k);
+            }
+        }
+        out
     }
 }
 
