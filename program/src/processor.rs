@@ -938,12 +938,11 @@ impl<'a, 'b> Ctx<'a, 'b> {
         )?;
         let committee = Committee::new(&epoch.seed, epoch.members_at_start, job.spec.witness_count);
         let mut seen: [Option<Pubkey>; MAX_WITNESSES] = [None; MAX_WITNESSES];
-        let mut listed = 0usize;
         let rest = it.as_slice();
         if rest.is_empty() || !rest.len().is_multiple_of(2) || rest.len() / 2 > MAX_WITNESSES {
             return Err(err(CohortError::InvalidInstruction));
         }
-        for pair in rest.chunks(2) {
+        for (listed, pair) in rest.chunks(2).enumerate() {
             let (w, wm_ai) = (&pair[0], &pair[1]);
             signer(w)?;
             if seen[..listed].contains(&Some(*w.key)) {
@@ -960,7 +959,6 @@ impl<'a, 'b> Ctx<'a, 'b> {
                 return Err(err(CohortError::NotWitness));
             }
             seen[listed] = Some(*w.key);
-            listed += 1;
             // A witness counts once per case, whichever transaction carries it.
             let n = case.votes as usize;
             if !case.voters[..n].contains(w.key) {

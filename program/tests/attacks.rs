@@ -498,7 +498,7 @@ async fn slash_without_quorum_is_refused_and_with_quorum_slashes() {
     r.env.track(case);
     // One witness below the quorum: its vote is recorded, nothing is taken.
     let ix = client::report_fraud(&r.job, 0, &accused, &last, &ws[0], &[ws[0]], [1; 32]);
-    r.env.send(&[ix.clone()], &[&w0]).await.unwrap();
+    r.env.send(std::slice::from_ref(&ix), &[&w0]).await.unwrap();
     let n: Node = r.env.state(&client::node_address(&accused)).await;
     assert_eq!(n.stake, STAKE);
     let c: FraudCase = r.env.state(&case).await;
