@@ -183,6 +183,8 @@ fn is_closed(ai: &AccountInfo, program_id: &Pubkey) -> bool {
     ai.owner != program_id
 }
 
+/// One method per instruction, each `#[inline(never)]` so every handler
+/// gets its own SBF stack frame (4 KiB) instead of sharing the dispatcher's.
 struct Ctx<'a, 'b> {
     program_id: &'a Pubkey,
     accounts: &'a [AccountInfo<'b>],
@@ -388,6 +390,7 @@ impl<'a, 'b> Ctx<'a, 'b> {
         Ok(e)
     }
 
+    #[inline(never)]
     fn register_node(&self, terms: NodeTerms, stake: u64) -> ProgramResult {
         let it = &mut self.accounts.iter();
         let owner = next_account_info(it)?;
@@ -428,6 +431,7 @@ impl<'a, 'b> Ctx<'a, 'b> {
         store(node_ai, &node)
     }
 
+    #[inline(never)]
     fn update_node(&self, terms: NodeTerms, add_stake: u64) -> ProgramResult {
         let it = &mut self.accounts.iter();
         let owner = next_account_info(it)?;
@@ -458,6 +462,7 @@ impl<'a, 'b> Ctx<'a, 'b> {
         store(node_ai, &node)
     }
 
+    #[inline(never)]
     fn deregister_node(&self) -> ProgramResult {
         let it = &mut self.accounts.iter();
         let owner = next_account_info(it)?;
@@ -475,6 +480,7 @@ impl<'a, 'b> Ctx<'a, 'b> {
         store(node_ai, &node)
     }
 
+    #[inline(never)]
     fn close_node(&self) -> ProgramResult {
         let it = &mut self.accounts.iter();
         let owner = next_account_info(it)?;
@@ -491,6 +497,7 @@ impl<'a, 'b> Ctx<'a, 'b> {
         close_account(node_ai, owner)
     }
 
+    #[inline(never)]
     fn create_job(&self, job_id: u64, spec: JobSpec, deposit: u64) -> ProgramResult {
         let it = &mut self.accounts.iter();
         let requester = next_account_info(it)?;
@@ -551,6 +558,7 @@ impl<'a, 'b> Ctx<'a, 'b> {
         store(job_ai, &job)
     }
 
+    #[inline(never)]
     fn join_job(&self) -> ProgramResult {
         let it = &mut self.accounts.iter();
         let owner = next_account_info(it)?;
@@ -653,6 +661,7 @@ impl<'a, 'b> Ctx<'a, 'b> {
         Ok(())
     }
 
+    #[inline(never)]
     fn leave_job(&self) -> ProgramResult {
         let it = &mut self.accounts.iter();
         let owner = next_account_info(it)?;
@@ -681,6 +690,7 @@ impl<'a, 'b> Ctx<'a, 'b> {
         store(job_ai, &job)
     }
 
+    #[inline(never)]
     fn start_epoch(&self) -> ProgramResult {
         let it = &mut self.accounts.iter();
         let cranker = next_account_info(it)?;
@@ -762,6 +772,7 @@ impl<'a, 'b> Ctx<'a, 'b> {
         store(job_ai, &job)
     }
 
+    #[inline(never)]
     fn attest_epoch(
         &self,
         epoch_index: u32,
@@ -873,6 +884,7 @@ impl<'a, 'b> Ctx<'a, 'b> {
         store(job_ai, &job)
     }
 
+    #[inline(never)]
     fn claim(&self, points: u64, proof: &[Hash32]) -> ProgramResult {
         let it = &mut self.accounts.iter();
         let owner = next_account_info(it)?;
@@ -897,6 +909,7 @@ impl<'a, 'b> Ctx<'a, 'b> {
         store(job_ai, &job)
     }
 
+    #[inline(never)]
     fn report_fraud(&self, epoch_index: u32, evidence: Hash32) -> ProgramResult {
         let it = &mut self.accounts.iter();
         let job_ai = next_account_info(it)?;
@@ -1010,6 +1023,7 @@ impl<'a, 'b> Ctx<'a, 'b> {
         store(job_ai, &job)
     }
 
+    #[inline(never)]
     fn cancel_job(&self) -> ProgramResult {
         let it = &mut self.accounts.iter();
         let requester = next_account_info(it)?;
@@ -1026,6 +1040,7 @@ impl<'a, 'b> Ctx<'a, 'b> {
         store(job_ai, &job)
     }
 
+    #[inline(never)]
     fn expire_job(&self) -> ProgramResult {
         let it = &mut self.accounts.iter();
         let job_ai = next_account_info(it)?;
@@ -1052,6 +1067,7 @@ impl<'a, 'b> Ctx<'a, 'b> {
     /// the job account exists and is not terminal it cannot be closed (a
     /// re-created Member would start from `claimed = 0`); inside the claim
     /// window closing first settles what the member is still owed.
+    #[inline(never)]
     fn close_member(&self, points: u64, proof: &[Hash32]) -> ProgramResult {
         let it = &mut self.accounts.iter();
         let owner = next_account_info(it)?;
@@ -1082,6 +1098,7 @@ impl<'a, 'b> Ctx<'a, 'b> {
         close_account(member_ai, owner)
     }
 
+    #[inline(never)]
     fn close_epoch(&self) -> ProgramResult {
         let it = &mut self.accounts.iter();
         let payer = next_account_info(it)?;
@@ -1107,6 +1124,7 @@ impl<'a, 'b> Ctx<'a, 'b> {
     /// the window is burned (never refunded: a requester must not profit
     /// from members it got slashed or blocked), the rest and the rent go
     /// back to the requester.
+    #[inline(never)]
     fn close_job(&self) -> ProgramResult {
         let it = &mut self.accounts.iter();
         let requester = next_account_info(it)?;
@@ -1129,6 +1147,7 @@ impl<'a, 'b> Ctx<'a, 'b> {
     }
 
     /// A settled case, or one nobody can vote on any more, gives its rent back.
+    #[inline(never)]
     fn close_fraud_case(&self) -> ProgramResult {
         let it = &mut self.accounts.iter();
         let payer = next_account_info(it)?;
@@ -1152,6 +1171,7 @@ impl<'a, 'b> Ctx<'a, 'b> {
     /// The requester pulls what the job no longer needs. Nothing else ever
     /// pays the requester, so no other party's instruction can fail because
     /// of the requester's wallet.
+    #[inline(never)]
     fn withdraw(&self) -> ProgramResult {
         let it = &mut self.accounts.iter();
         let requester = next_account_info(it)?;
