@@ -169,6 +169,11 @@ pub async fn run(opts: Options) -> Result<Summary> {
         "job did not complete: {:?}",
         j.state
     );
+    // Refunds are pulled by the requester, never pushed by the last vote.
+    if job::withdrawable(&j) > 0 {
+        job::withdraw(&requester_chain, &requester, &job).await?;
+    }
+    let j: Job = requester_chain.must(&job, "job").await?;
     let node_txs: u64 = outcomes.iter().map(|o| o.transactions).sum();
     let summary = Summary {
         loss: outcomes[0].losses.clone(),

@@ -102,7 +102,17 @@ pub async fn report(
         .map(|w| member(*w))
         .collect::<Result<Vec<_>>>()?;
     let last = last_member(chain, job).await?;
-    let ix = client::report_fraud(job, epoch, &accused, &last, &keys, case.evidence);
+    // The reporter pays the case's rent; a quorum in one transaction
+    // slashes at once (the program also adds up votes sent separately).
+    let ix = client::report_fraud(
+        job,
+        epoch,
+        &accused,
+        &last,
+        &me.pubkey(),
+        &keys,
+        case.evidence,
+    );
     let blockhash = chain
         .rpc
         .get_latest_blockhash()

@@ -6,7 +6,7 @@ use anyhow::{Context, Result, anyhow, bail, ensure};
 use cohort_engine::data::Corpus;
 use cohort_engine::model::ModelConfig;
 use cohort_program::client;
-use cohort_program::state::{AccountState, Job, JobSpec, JobState};
+use cohort_program::state::{AccountState, Job, JobSpec, JobState, Requester};
 use serde::Deserialize;
 use solana_sdk::pubkey::Pubkey;
 use solana_sdk::signature::Signer;
@@ -20,7 +20,10 @@ Usage:
                     [--expected-epoch-secs S] [--max-epoch-secs S] [--join-window-secs S] [--id N]
   cohort job list
   cohort job status JOB
-  cohort job cancel JOB
+  cohort job cancel JOB          cancel, and withdraw what the job no longer owes
+  cohort job withdraw JOB        take back what a finished job no longer owes
+--id defaults to the requester's next job id (ids only go up: no job address is
+ever reused).
 Every command also takes --url URL (default http://127.0.0.1:8899), --keypair FILE
 (default ~/.cohort/requester.json) and --program-id ID.
 ";
@@ -222,9 +225,7 @@ pub async fn main(args: &[String]) -> Result<()> {
             let who = f.keypair("requester.json")?;
             let id = match f.get::<u64>("id")? {
                 Some(id) => id,
-                None => std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)?
-                    .as_secs(),
+                None => next_id(&chain, &who.pubkey()).await?,
             };
             let job = create(&chain, &who, id, spec).await?;
             println!("job {job} posted");
@@ -260,6 +261,15 @@ pub async fn main(args: &[String]) -> Result<()> {
             println!("job {job} cancelled: {} refunded", sol(refund));
             Ok(())
         }
+        "withdraw" => {
+            let f = Flags::parse(rest, "cohort job withdraw", &CHAIN_FLAGS)?;
+            let job = job_arg(&f)?;
+            let chain = f.chain().await?;
+            let who = f.keypair("requester.json")?;
+            let refund = withdraw(&chain, &who, &job).await?;
+            println!("job {job}: {} withdrawn", sol(refund));
+            Ok(())
+        }
         "help" | "--help" | "-h" => {
             print!("{USAGE}");
             Ok(())
@@ -284,11 +294,21 @@ pub async fn create(
     spec: JobSpec,
 ) -> Result<Pubkey> {
     let deposit = spec.full_budget().context("job budget overflows")?;
-    let rent = chain
-        .rpc
-        .get_minimum_balance_for_rent_exemption(Job::LEN)
-        .await
-        .map_err(|e| anyhow!("reading rent: {e}"))?;
+    let ids = chain
+        .state::<Requester>(&client::requester_address(&who.pubkey()))
+        .await?;
+    let rent_of = |len: usize| async move {
+        chain
+            .rpc
+            .get_minimum_balance_for_rent_exemption(len)
+            .await
+            .map_err(|e| anyhow!("reading rent: {e}"))
+    };
+    let mut rent = rent_of(Job::LEN).await?;
+    // The first job also creates the requester's id counter.
+    if ids.is_none() {
+        rent += rent_of(Requester::LEN).await?;
+    }
     let need = deposit + rent + 10_000;
     let have = chain.balance(&who.pubkey()).await?;
     if have < need {
@@ -304,6 +324,14 @@ pub async fn create(
     if chain.state::<Job>(&job).await?.is_some() {
         bail!("job id {id} is already used by {job}; pass another --id");
     }
+    let next = ids.map_or(0, |r| r.next_job_id);
+    if id < next {
+        bail!(
+            "job id {id} was already used by {} (its next job id is {next}): ids only go \
+             up, so no job address is ever reused; pass --id {next} or more, or leave --id out",
+            who.pubkey()
+        );
+    }
     chain
         .send(
             "create_job",
@@ -315,7 +343,16 @@ pub async fn create(
     Ok(job)
 }
 
-/// Cancels an open or running job; returns the lamports refunded.
+/// The lowest job id the program accepts from `requester` now.
+pub async fn next_id(chain: &Chain, requester: &Pubkey) -> Result<u64> {
+    let ids = chain
+        .state::<Requester>(&client::requester_address(requester))
+        .await?;
+    Ok(ids.map_or(0, |r| r.next_job_id))
+}
+
+/// Cancels an open or running job and withdraws what it no longer owes or
+/// reserves (one transaction); returns the lamports refunded.
 pub async fn cancel(
     chain: &Chain,
     who: &solana_sdk::signature::Keypair,
@@ -332,16 +369,63 @@ pub async fn cancel(
     if j.state.is_terminal() {
         bail!("job {job} has already ended ({:?})", j.state);
     }
+    let mut ixs = vec![client::cancel_job(&who.pubkey(), job)];
+    // What an open epoch may still earn stays reserved until it ends.
+    let mut cancelled = j.clone();
+    cancelled.state = JobState::Cancelled;
+    if cancelled.refundable().is_some_and(|r| r > 0) {
+        ixs.push(client::withdraw(&who.pubkey(), job));
+    }
+    chain.send("cancel_job", &ixs, who, &[]).await?;
+    let after: Job = chain.must(job, "job").await?;
+    Ok(after.refunded - j.refunded)
+}
+
+/// Pulls what a finished job no longer owes or reserves (the program never
+/// pushes refunds); returns the lamports withdrawn.
+pub async fn withdraw(
+    chain: &Chain,
+    who: &solana_sdk::signature::Keypair,
+    job: &Pubkey,
+) -> Result<u64> {
+    let j: Job = chain.must(job, "job").await?;
+    if j.requester != who.pubkey() {
+        bail!(
+            "job {job} belongs to {}, not to {}",
+            j.requester,
+            who.pubkey()
+        );
+    }
+    if !j.state.is_terminal() {
+        bail!(
+            "job {job} is still {:?}: its deposit funds the epochs to come",
+            j.state
+        );
+    }
+    let amount = withdrawable(&j);
+    if amount == 0 {
+        bail!("nothing to withdraw from job {job}");
+    }
     chain
         .send(
-            "cancel_job",
-            &[client::cancel_job(&who.pubkey(), job)],
+            "withdraw",
+            &[client::withdraw(&who.pubkey(), job)],
             who,
             &[],
         )
         .await?;
     let after: Job = chain.must(job, "job").await?;
     Ok(after.refunded - j.refunded)
+}
+
+/// What the requester could withdraw now: a finished job's deposit beyond
+/// what members are owed (0 while the job runs).
+pub fn withdrawable(j: &Job) -> u64 {
+    if j.state.is_terminal() {
+        j.refundable().unwrap_or(0)
+    } else {
+        0
+    }
 }
 
 fn line(k: &Pubkey, j: &Job) -> String {
@@ -381,18 +465,29 @@ pub fn status(k: &Pubkey, j: &Job) -> String {
         sol(j.deposit),
         j.deposit
     ));
+    // Refunds are pulled: "refunded" counts what is withdrawn and what a
+    // finished job holds ready to withdraw, so deposit = owed + refunded.
+    let ready = withdrawable(j);
+    let back = j.refunded + ready;
     s.push_str(&format!(
         "spend      {} owed to nodes, {} paid out, {} refunded (lamports: {} {} {})\n",
         sol(j.owed),
         sol(j.paid_out),
-        sol(j.refunded),
+        sol(back),
         j.owed,
         j.paid_out,
-        j.refunded
+        back
     ));
+    if ready > 0 {
+        s.push_str(&format!(
+            "withdraw   {} ready: `cohort job withdraw {k}` ({} lamports)\n",
+            sol(ready),
+            ready
+        ));
+    }
     if j.slashed > 0 {
         s.push_str(&format!(
-            "slashed    {} of stake taken from nodes caught cheating, refunded ({} lamports)\n",
+            "slashed    {} of stake taken from nodes caught cheating, burned ({} lamports)\n",
             sol(j.slashed),
             j.slashed
         ));

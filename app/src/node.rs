@@ -27,7 +27,9 @@ use cohort_engine::trainer::TrainConfig;
 use cohort_program::client;
 use cohort_program::instruction::NodeTerms;
 use cohort_program::schedule::Committee;
-use cohort_program::state::{Benchmark, Epoch, Job, JobState, Member, MemberStatus, Node};
+use cohort_program::state::{
+    Benchmark, Candidate, Epoch, Job, JobState, Member, MemberStatus, Node, may_join,
+};
 use serde::{Deserialize, Serialize};
 use solana_sdk::pubkey::Pubkey;
 use solana_sdk::signature::{Keypair, Signer};
@@ -536,7 +538,7 @@ pub async fn run_with(
     // 3. Find a job and join it.
     let job = match o.job {
         Some(j) => j,
-        None => find_job(chain, &pk, bench.fp32_gflops, o.price, report).await?,
+        None => find_job(chain, &pk, report).await?,
     };
     let member_addr = client::member_address(&job, &pk);
     if chain.state::<Member>(&member_addr).await?.is_none() {
@@ -572,7 +574,7 @@ pub async fn run_with(
         {
             bail!(
                 "this node was slashed in job {job}: a quorum of witnesses found its \
-                 contributions fraudulent, and its stake went to the job"
+                 contributions fraudulent, and its stake was burned"
             );
         }
         let j: Job = chain.must(&job, "job").await?;
@@ -669,15 +671,7 @@ pub async fn run_with(
                 let att = local
                     .ledger()?
                     .attestation(&cohort_program::ID, &job, e, model_hash)?;
-                let ix = client::attest_epoch(
-                    &pk,
-                    &job,
-                    &j.requester,
-                    e,
-                    model_hash,
-                    att.root,
-                    att.total_points,
-                );
+                let ix = client::attest_epoch(&pk, &job, e, model_hash, att.root, att.total_points);
                 match chain.send("attest_epoch", &[ix], me, &[]).await {
                     Ok(_) => {
                         out.attested.push(e);
@@ -710,7 +704,7 @@ pub async fn run_with(
         .collect::<Result<_>>()?;
     if let Some(m) = chain.state::<Member>(&member_addr).await? {
         let j: Job = chain.must(&job, "job").await?;
-        out.claimed = send_claim(chain, me, &job, &j, m.claimed, points, proof).await?;
+        out.claimed = send_claim(chain, me, &job, &j, m.claimed, points, proof.clone()).await?;
         if out.claimed > 0 {
             say(
                 report,
@@ -718,10 +712,16 @@ pub async fn run_with(
                 format!("claimed {} for {points} contributions", sol(out.claimed)),
             );
         }
-        if m.status != MemberStatus::Active || j.state.is_terminal() {
-            chain
-                .send("close_member", &[client::close_member(&pk, &job)], me, &[])
-                .await?;
+        // The Member account stays until its job has ended; inside the
+        // claim window closing re-checks the proof (nothing is left to pay
+        // after the claim above).
+        if j.state.is_terminal() && j.reserve == 0 {
+            let ix = client::close_member(&pk, &job, points, proof);
+            if let Err(e) = chain.send("close_member", &[ix], me, &[]).await {
+                // Its rent is not lost: the account can be closed once the
+                // claim window is over, with no proof.
+                say(report, &pk, format!("member account kept: {e:#}"));
+            }
         }
     }
     if o.leave {
@@ -753,22 +753,18 @@ pub fn free_port_base(n: u16) -> Result<u16> {
     bail!("no {n} consecutive free ports on 127.0.0.1")
 }
 
-async fn find_job(
-    chain: &Chain,
-    pk: &Pubkey,
-    gflops: u32,
-    price: u64,
-    report: Report<'_>,
-) -> Result<Pubkey> {
+async fn find_job(chain: &Chain, pk: &Pubkey, report: Report<'_>) -> Result<Pubkey> {
     let mut said = false;
     loop {
+        // The program's own rule (`state::may_join`), on the node as
+        // registered: the same answer `join_job` will give.
+        let node: Node = chain.must(&client::node_address(pk), "node").await?;
+        let me = Candidate::of(&node);
+        let now = unix_now();
         let mut jobs = chain.all::<Job>().await?;
         jobs.sort_by_key(|(_, j)| j.created_at);
-        for (k, j) in &jobs {
-            let open = j.state == JobState::Open && j.member_count < j.spec.max_nodes as u32;
-            if open && j.spec.min_fp32_gflops <= gflops && price <= j.spec.max_price {
-                return Ok(*k);
-            }
+        if let Some((k, _)) = jobs.iter().find(|(_, j)| may_join(j, &me, now).is_ok()) {
+            return Ok(*k);
         }
         if !said {
             say(
@@ -780,6 +776,13 @@ async fn find_job(
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
+}
+
+/// Seconds since the Unix epoch, as the chain's clock counts them.
+pub fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
 }
 
 /// The epoch's members by index (the P2P layer's member order).

@@ -164,7 +164,6 @@ async fn one_job(chain: &Chain, id: u64, members: u32, epochs: u32) -> Result<Ru
             let ix = client::attest_epoch(
                 &nodes[w].pubkey(),
                 &job,
-                &requester.pubkey(),
                 e,
                 [e as u8; 32],
                 att.root,

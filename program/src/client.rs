@@ -5,7 +5,8 @@
 use crate::instruction::{CohortInstruction, NodeTerms};
 use crate::merkle::Hash32;
 use crate::pda;
-pub use crate::state::{AccountState, Epoch, Job, JobSpec, Member, Node};
+pub use crate::state::{AccountState, Epoch, FraudCase, Job, JobSpec, Member, Node, Requester};
+use solana_program::incinerator;
 use solana_program::instruction::{AccountMeta, Instruction};
 use solana_program::pubkey::Pubkey;
 use solana_program::sysvar;
@@ -43,6 +44,14 @@ pub fn member_address(job: &Pubkey, node_owner: &Pubkey) -> Pubkey {
 }
 pub fn epoch_address(job: &Pubkey, index: u32) -> Pubkey {
     pda::epoch(&crate::ID, job, index).0
+}
+/// The requester's job-id counter (`Requester`): created by its first job.
+pub fn requester_address(requester: &Pubkey) -> Pubkey {
+    pda::requester(&crate::ID, requester).0
+}
+/// The votes against `accused` (a node owner) for `epoch` of `job`.
+pub fn fraud_case_address(job: &Pubkey, accused: &Pubkey, epoch: u32) -> Pubkey {
+    pda::fraud_case(&crate::ID, job, accused, epoch).0
 }
 
 pub fn register_node(owner: &Pubkey, terms: NodeTerms, stake: u64) -> Instruction {
@@ -83,6 +92,7 @@ pub fn create_job(requester: &Pubkey, job_id: u64, spec: JobSpec, deposit: u64) 
         vec![
             ws(*requester),
             w(job_address(requester, job_id)),
+            w(requester_address(requester)),
             r(system_program::ID),
             r(sysvar::rent::ID),
             r(sysvar::clock::ID),
@@ -143,7 +153,6 @@ pub fn start_epoch(cranker: &Pubkey, job: &Pubkey, index: u32) -> Instruction {
 pub fn attest_epoch(
     witness: &Pubkey,
     job: &Pubkey,
-    requester: &Pubkey,
     epoch: u32,
     model_hash: Hash32,
     root: Hash32,
@@ -156,7 +165,6 @@ pub fn attest_epoch(
             w(member_address(job, witness)),
             w(*job),
             w(epoch_address(job, epoch)),
-            w(*requester),
             r(sysvar::clock::ID),
         ],
         CohortInstruction::AttestEpoch {
@@ -175,12 +183,16 @@ pub fn claim(owner: &Pubkey, job: &Pubkey, points: u64, proof: Vec<Hash32>) -> I
     )
 }
 
-/// Every witness in `witnesses` must sign the transaction.
+/// Every witness in `witnesses` (one or more) must sign the transaction;
+/// their votes add to the case against `accused`, and the vote that brings
+/// it to the job's quorum slashes. `payer` (a signer) pays the case's rent
+/// if this report opens it.
 pub fn report_fraud(
     job: &Pubkey,
     epoch: u32,
     accused: &Pubkey,
     last_member_owner: &Pubkey,
+    payer: &Pubkey,
     witnesses: &[Pubkey],
     evidence: Hash32,
 ) -> Instruction {
@@ -190,6 +202,12 @@ pub fn report_fraud(
         w(member_address(job, accused)),
         w(node_address(accused)),
         w(member_address(job, last_member_owner)),
+        w(incinerator::ID),
+        r(sysvar::clock::ID),
+        w(fraud_case_address(job, accused, epoch)),
+        ws(*payer),
+        r(system_program::ID),
+        r(sysvar::rent::ID),
     ];
     for wit in witnesses {
         accounts.push(rs(*wit));
@@ -205,35 +223,72 @@ pub fn cancel_job(requester: &Pubkey, job: &Pubkey) -> Instruction {
     )
 }
 
-pub fn expire_job(job: &Pubkey, requester: &Pubkey) -> Instruction {
+pub fn expire_job(job: &Pubkey) -> Instruction {
     ix(
-        vec![w(*job), w(*requester), r(sysvar::clock::ID)],
+        vec![w(*job), r(sysvar::clock::ID)],
         CohortInstruction::ExpireJob,
     )
 }
 
-pub fn close_member(owner: &Pubkey, job: &Pubkey) -> Instruction {
+/// Inside the claim window, `points` and `proof` (as for `claim`) settle
+/// what the member is still owed before its account closes; after the
+/// window, for a slashed member, or once the job is gone, they are ignored
+/// (pass `0, vec![]`).
+pub fn close_member(owner: &Pubkey, job: &Pubkey, points: u64, proof: Vec<Hash32>) -> Instruction {
     ix(
         vec![
             ws(*owner),
             w(node_address(owner)),
-            r(*job),
+            w(*job),
             w(member_address(job, owner)),
+            r(sysvar::clock::ID),
         ],
-        CohortInstruction::CloseMember,
+        CohortInstruction::CloseMember { points, proof },
     )
 }
 
 pub fn close_epoch(rent_payer: &Pubkey, job: &Pubkey, index: u32) -> Instruction {
     ix(
-        vec![w(*rent_payer), r(*job), w(epoch_address(job, index))],
+        vec![
+            w(*rent_payer),
+            r(*job),
+            w(epoch_address(job, index)),
+            r(sysvar::clock::ID),
+        ],
         CohortInstruction::CloseEpoch,
     )
 }
 
 pub fn close_job(requester: &Pubkey, job: &Pubkey) -> Instruction {
     ix(
-        vec![ws(*requester), w(*job), r(sysvar::clock::ID)],
+        vec![
+            ws(*requester),
+            w(*job),
+            w(incinerator::ID),
+            r(sysvar::clock::ID),
+        ],
         CohortInstruction::CloseJob,
+    )
+}
+
+/// Pays the requester what a finished job no longer owes or reserves.
+pub fn withdraw(requester: &Pubkey, job: &Pubkey) -> Instruction {
+    ix(vec![ws(*requester), w(*job)], CohortInstruction::Withdraw)
+}
+
+pub fn close_fraud_case(
+    rent_payer: &Pubkey,
+    job: &Pubkey,
+    accused: &Pubkey,
+    epoch: u32,
+) -> Instruction {
+    ix(
+        vec![
+            w(*rent_payer),
+            r(*job),
+            w(fraud_case_address(job, accused, epoch)),
+            r(sysvar::clock::ID),
+        ],
+        CohortInstruction::CloseFraudCase,
     )
 }

@@ -97,6 +97,18 @@ pub enum CohortError {
     InsufficientFunds = 43,
     #[error("the epoch's deadline has passed")]
     DeadlinePassed = 44,
+    #[error("job id is below the requester's next job id: job addresses are never reused")]
+    JobIdUsed = 45,
+    #[error("points exceed steps per epoch x epochs the member took part in")]
+    PointsExceedPresence = 46,
+    #[error("member account stays until its job ends and its pay is settled")]
+    MemberLocked = 47,
+    #[error("epoch may still be the target of a fraud report")]
+    EpochReportable = 48,
+    #[error("nothing to withdraw")]
+    NothingToWithdraw = 49,
+    #[error("accused member did not take part in that epoch")]
+    NotPresent = 50,
 }
 
 impl From<CohortError> for ProgramError {
@@ -115,7 +127,7 @@ impl CohortError {
     /// Maps a `Custom` program error code back to a variant, for clients.
     pub fn from_code(code: u32) -> Option<Self> {
         use CohortError::*;
-        const ALL: [CohortError; 45] = [
+        const ALL: [CohortError; 51] = [
             InvalidInstruction,
             MissingSigner,
             WrongOwner,
@@ -161,6 +173,12 @@ impl CohortError {
             NotWritable,
             InsufficientFunds,
             DeadlinePassed,
+            JobIdUsed,
+            PointsExceedPresence,
+            MemberLocked,
+            EpochReportable,
+            NothingToWithdraw,
+            NotPresent,
         ];
         ALL.get(code as usize).copied()
     }

@@ -41,7 +41,7 @@ pub enum CohortInstruction {
     DeregisterNode,
     /// [owner (s, w), node (w), clock]
     CloseNode,
-    /// [requester (s, w), job (w), system program, rent, clock]
+    /// [requester (s, w), job (w), requester account (w), system program, rent, clock]
     CreateJob {
         job_id: u64,
         spec: JobSpec,
@@ -53,7 +53,7 @@ pub enum CohortInstruction {
     LeaveJob,
     /// [cranker (s, w), job (w), epoch (w), system program, rent, clock, slot hashes]
     StartEpoch,
-    /// [witness (s), node (w), member (w), job (w), epoch (w), requester (w), clock]
+    /// [witness (s), node (w), member (w), job (w), epoch (w), clock]
     AttestEpoch {
         epoch: u32,
         model_hash: Hash32,
@@ -63,18 +63,25 @@ pub enum CohortInstruction {
     /// [owner (s, w), job (w), member (w)]
     Claim { points: u64, proof: Vec<Hash32> },
     /// [job (w), epoch, accused member (w), accused node (w), last member (w),
-    ///  then per witness: witness (s), witness member]
+    ///  incinerator (w), clock, fraud case (w), payer (s, w), system program,
+    ///  rent, then per witness: witness (s), witness member]. Votes add up
+    ///  in the fraud case over transactions; the quorum's vote slashes.
     ReportFraud { epoch: u32, evidence: Hash32 },
     /// [requester (s, w), job (w), clock]
     CancelJob,
-    /// [job (w), requester (w), clock]
+    /// [job (w), clock]
     ExpireJob,
-    /// [owner (s, w), node (w), job, member (w)]
-    CloseMember,
-    /// [rent payer (w), job, epoch (w)]
+    /// [owner (s, w), node (w), job (w), member (w), clock]; inside the claim
+    /// window the member's points and proof settle what it is still owed.
+    CloseMember { points: u64, proof: Vec<Hash32> },
+    /// [rent payer (w), job, epoch (w), clock]
     CloseEpoch,
-    /// [requester (s, w), job (w), clock]
+    /// [requester (s, w), job (w), incinerator (w), clock]
     CloseJob,
+    /// [requester (s, w), job (w)]
+    Withdraw,
+    /// [rent payer (w), job, fraud case (w), clock]
+    CloseFraudCase,
 }
 
 impl CohortInstruction {
@@ -106,15 +113,7 @@ impl CohortInstruction {
                 total_points: r.u64()?,
             },
             9 => {
-                let points = r.u64()?;
-                let n = r.u8()? as usize;
-                if n > MAX_PROOF_LEN {
-                    return Err(CodecError);
-                }
-                let mut proof = Vec::with_capacity(n);
-                for _ in 0..n {
-                    proof.push(r.array()?);
-                }
+                let (points, proof) = read_proof(&mut r)?;
                 Self::Claim { points, proof }
             }
             10 => Self::ReportFraud {
@@ -123,9 +122,14 @@ impl CohortInstruction {
             },
             11 => Self::CancelJob,
             12 => Self::ExpireJob,
-            13 => Self::CloseMember,
+            13 => {
+                let (points, proof) = read_proof(&mut r)?;
+                Self::CloseMember { points, proof }
+            }
             14 => Self::CloseEpoch,
             15 => Self::CloseJob,
+            16 => Self::Withdraw,
+            17 => Self::CloseFraudCase,
             _ => return Err(CodecError),
         };
         r.finish()?;
@@ -182,10 +186,8 @@ impl CohortInstruction {
                     .u64(*total_points);
             }
             Self::Claim { points, proof } => {
-                w.u8(9).u64(*points).u8(proof.len() as u8);
-                for p in proof {
-                    w.bytes(p);
-                }
+                w.u8(9);
+                write_proof(&mut w, *points, proof);
             }
             Self::ReportFraud { epoch, evidence } => {
                 w.u8(10).u32(*epoch).bytes(evidence);
@@ -196,8 +198,9 @@ impl CohortInstruction {
             Self::ExpireJob => {
                 w.u8(12);
             }
-            Self::CloseMember => {
+            Self::CloseMember { points, proof } => {
                 w.u8(13);
+                write_proof(&mut w, *points, proof);
             }
             Self::CloseEpoch => {
                 w.u8(14);
@@ -205,7 +208,34 @@ impl CohortInstruction {
             Self::CloseJob => {
                 w.u8(15);
             }
+            Self::Withdraw => {
+                w.u8(16);
+            }
+            Self::CloseFraudCase => {
+                w.u8(17);
+            }
         }
         w.buf
+    }
+}
+
+/// Points, then a one-byte count (at most `MAX_PROOF_LEN`) of 32-byte siblings.
+fn read_proof(r: &mut Reader) -> Result<(u64, Vec<Hash32>), CodecError> {
+    let points = r.u64()?;
+    let n = r.u8()? as usize;
+    if n > MAX_PROOF_LEN {
+        return Err(CodecError);
+    }
+    let mut proof = Vec::with_capacity(n);
+    for _ in 0..n {
+        proof.push(r.array()?);
+    }
+    Ok((points, proof))
+}
+
+fn write_proof(w: &mut Writer, points: u64, proof: &[Hash32]) {
+    w.u64(points).u8(proof.len() as u8);
+    for p in proof {
+        w.bytes(p);
     }
 }

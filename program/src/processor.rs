@@ -11,6 +11,7 @@ use crate::state::*;
 use solana_program::account_info::{AccountInfo, next_account_info};
 use solana_program::clock::Clock;
 use solana_program::entrypoint::ProgramResult;
+use solana_program::incinerator;
 use solana_program::msg;
 use solana_program::program::invoke_signed;
 use solana_program::program_error::ProgramError;
@@ -55,9 +56,11 @@ pub fn process_instruction(
         CohortInstruction::ReportFraud { epoch, evidence } => ctx.report_fraud(epoch, evidence),
         CohortInstruction::CancelJob => ctx.cancel_job(),
         CohortInstruction::ExpireJob => ctx.expire_job(),
-        CohortInstruction::CloseMember => ctx.close_member(),
+        CohortInstruction::CloseMember { points, proof } => ctx.close_member(points, &proof),
         CohortInstruction::CloseEpoch => ctx.close_epoch(),
         CohortInstruction::CloseJob => ctx.close_job(),
+        CohortInstruction::Withdraw => ctx.withdraw(),
+        CohortInstruction::CloseFraudCase => ctx.close_fraud_case(),
     }
 }
 
@@ -169,6 +172,19 @@ fn check_system_program(ai: &AccountInfo) -> Res<()> {
     same(ai.key, &system_program::ID, CohortError::WrongSystemProgram)
 }
 
+/// Where burned lamports go: the runtime destroys whatever this address holds.
+fn incinerator(ai: &AccountInfo) -> Res<()> {
+    same(ai.key, &incinerator::ID, CohortError::AccountMismatch)
+}
+
+/// "Closed" means "not owned by this program": lamports anyone sends to a
+/// closed address never make it look open again.
+fn is_closed(ai: &AccountInfo, program_id: &Pubkey) -> bool {
+    ai.owner != program_id
+}
+
+/// One method per instruction, each `#[inline(never)]` so every handler
+/// gets its own SBF stack frame (4 KiB) instead of sharing the dispatcher's.
 struct Ctx<'a, 'b> {
     program_id: &'a Pubkey,
     accounts: &'a [AccountInfo<'b>],
@@ -231,6 +247,91 @@ impl<'a, 'b> Ctx<'a, 'b> {
         Ok(())
     }
 
+    /// The requester's id counter, created (rent paid by the requester) on
+    /// its first job. Never closed.
+    fn requester_at(
+        &self,
+        ai: &AccountInfo<'b>,
+        requester: &AccountInfo<'b>,
+        system: &AccountInfo<'b>,
+        rent: &Rent,
+    ) -> Res<Requester> {
+        let (addr, bump) = pda::requester(self.program_id, requester.key);
+        same(ai.key, &addr, CohortError::InvalidPda)?;
+        if ai.owner == self.program_id {
+            let ids: Requester = load(ai, self.program_id)?;
+            same(&ids.requester, requester.key, CohortError::AccountMismatch)?;
+            return Ok(ids);
+        }
+        self.create_pda(
+            requester,
+            ai,
+            system,
+            rent,
+            &[pda::REQUESTER_SEED, requester.key.as_ref(), &[bump]],
+            Requester::LEN,
+            0,
+        )?;
+        Ok(Requester {
+            bump,
+            requester: *requester.key,
+            next_job_id: 0,
+        })
+    }
+
+    /// The votes against `accused` for `epoch`, opened (rent paid by
+    /// `payer`) by the first report.
+    #[allow(clippy::too_many_arguments)]
+    fn fraud_case_at(
+        &self,
+        ai: &AccountInfo<'b>,
+        payer: &AccountInfo<'b>,
+        system: &AccountInfo<'b>,
+        rent: &Rent,
+        job: &Pubkey,
+        accused: &Pubkey,
+        epoch: u32,
+        evidence: Hash32,
+    ) -> Res<Box<FraudCase>> {
+        let (addr, bump) = pda::fraud_case(self.program_id, job, accused, epoch);
+        same(ai.key, &addr, CohortError::InvalidPda)?;
+        if ai.owner == self.program_id {
+            let case: FraudCase = load(ai, self.program_id)?;
+            let mine = case.job == *job && case.accused == *accused && case.epoch == epoch;
+            if !mine {
+                return Err(err(CohortError::AccountMismatch));
+            }
+            return Ok(Box::new(case));
+        }
+        signer(payer)?;
+        self.create_pda(
+            payer,
+            ai,
+            system,
+            rent,
+            &[
+                pda::FRAUD_SEED,
+                job.as_ref(),
+                accused.as_ref(),
+                &epoch.to_le_bytes(),
+                &[bump],
+            ],
+            FraudCase::LEN,
+            0,
+        )?;
+        Ok(Box::new(FraudCase {
+            bump,
+            job: *job,
+            accused: *accused,
+            epoch,
+            rent_payer: *payer.key,
+            votes: 0,
+            voters: [Pubkey::default(); MAX_WITNESSES],
+            evidence,
+            slashed: false,
+        }))
+    }
+
     fn node_at(&self, ai: &AccountInfo, owner: &Pubkey) -> Res<Node> {
         let node: Node = load(ai, self.program_id)?;
         same(&node.owner, owner, CohortError::AccountMismatch)?;
@@ -289,6 +390,7 @@ impl<'a, 'b> Ctx<'a, 'b> {
         Ok(e)
     }
 
+    #[inline(never)]
     fn register_node(&self, terms: NodeTerms, stake: u64) -> ProgramResult {
         let it = &mut self.accounts.iter();
         let owner = next_account_info(it)?;
@@ -329,6 +431,7 @@ impl<'a, 'b> Ctx<'a, 'b> {
         store(node_ai, &node)
     }
 
+    #[inline(never)]
     fn update_node(&self, terms: NodeTerms, add_stake: u64) -> ProgramResult {
         let it = &mut self.accounts.iter();
         let owner = next_account_info(it)?;
@@ -359,6 +462,7 @@ impl<'a, 'b> Ctx<'a, 'b> {
         store(node_ai, &node)
     }
 
+    #[inline(never)]
     fn deregister_node(&self) -> ProgramResult {
         let it = &mut self.accounts.iter();
         let owner = next_account_info(it)?;
@@ -376,6 +480,7 @@ impl<'a, 'b> Ctx<'a, 'b> {
         store(node_ai, &node)
     }
 
+    #[inline(never)]
     fn close_node(&self) -> ProgramResult {
         let it = &mut self.accounts.iter();
         let owner = next_account_info(it)?;
@@ -392,10 +497,12 @@ impl<'a, 'b> Ctx<'a, 'b> {
         close_account(node_ai, owner)
     }
 
+    #[inline(never)]
     fn create_job(&self, job_id: u64, spec: JobSpec, deposit: u64) -> ProgramResult {
         let it = &mut self.accounts.iter();
         let requester = next_account_info(it)?;
         let job_ai = next_account_info(it)?;
+        let requester_ai = next_account_info(it)?;
         let system = next_account_info(it)?;
         let rent = rent(next_account_info(it)?)?;
         let now = clock(next_account_info(it)?)?.unix_timestamp;
@@ -408,6 +515,12 @@ impl<'a, 'b> Ctx<'a, 'b> {
         }
         let (addr, bump) = pda::job(self.program_id, requester.key, job_id);
         same(job_ai.key, &addr, CohortError::InvalidPda)?;
+        let mut ids = self.requester_at(requester_ai, requester, system, &rent)?;
+        if job_id < ids.next_job_id {
+            return Err(err(CohortError::JobIdUsed));
+        }
+        ids.next_job_id = job_id.checked_add(1).ok_or(err(CohortError::Overflow))?;
+        store(requester_ai, &ids)?;
         let id = job_id.to_le_bytes();
         self.create_pda(
             requester,
@@ -445,6 +558,7 @@ impl<'a, 'b> Ctx<'a, 'b> {
         store(job_ai, &job)
     }
 
+    #[inline(never)]
     fn join_job(&self) -> ProgramResult {
         let it = &mut self.accounts.iter();
         let owner = next_account_info(it)?;
@@ -458,36 +572,21 @@ impl<'a, 'b> Ctx<'a, 'b> {
         check_system_program(system)?;
         let mut node = self.node_at(node_ai, owner.key)?;
         let mut job = self.job_at(job_ai)?;
-        if !matches!(job.state, JobState::Open | JobState::Running) {
-            return Err(err(CohortError::InvalidJobState));
-        }
-        if node.status != NodeStatus::Active || node.active_job != Pubkey::default() {
-            return Err(err(CohortError::NodeBusy));
-        }
-        if job.member_count >= job.spec.max_nodes as u32 {
-            return Err(err(CohortError::JobFull));
-        }
-        if node.benchmark.fp32_gflops < job.spec.min_fp32_gflops {
-            return Err(err(CohortError::Underpowered));
-        }
-        if node.price > job.spec.max_price {
-            return Err(err(CohortError::Overpriced));
-        }
-        if node.stake < job.spec.min_stake {
-            return Err(err(CohortError::InsufficientStake));
-        }
-        if now < node.available_from || now >= node.available_until {
-            return Err(err(CohortError::NodeUnavailable));
-        }
+        may_join(&job, &Candidate::of(&node), now)?;
         let (addr, bump) = pda::member(self.program_id, job_ai.key, owner.key);
         same(member_ai.key, &addr, CohortError::InvalidPda)?;
-        let claimed = if member_ai.owner == self.program_id {
-            // Rejoining after leaving keeps what was already claimed.
+        // Joining while an epoch is open counts that epoch as present: the
+        // member may train in it, so its points may include it.
+        let from = job.open_epoch().unwrap_or(job.epochs_started);
+        let mut member = if member_ai.owner == self.program_id {
+            // Rejoining after leaving keeps what was claimed and the epochs
+            // counted; the Member account cannot be closed while the job
+            // lives, so this is the only way back in.
             let old = self.member_at(member_ai, job_ai.key)?;
             match old.status {
                 MemberStatus::Active => return Err(err(CohortError::AlreadyMember)),
                 MemberStatus::Slashed => return Err(err(CohortError::NotActiveMember)),
-                MemberStatus::Left => old.claimed,
+                MemberStatus::Left => old,
             }
         } else {
             self.create_pda(
@@ -504,18 +603,27 @@ impl<'a, 'b> Ctx<'a, 'b> {
                 Member::LEN,
                 0,
             )?;
-            0
+            Member {
+                bump,
+                job: *job_ai.key,
+                node: *owner.key,
+                index: 0,
+                joined_epoch: 0,
+                status: MemberStatus::Active,
+                last_voted_epoch: NO_VOTE,
+                claimed: 0,
+                first_epoch: from,
+                epochs_present: 0,
+                stint_from: from,
+                stint_to: ONGOING,
+                slashed: 0,
+                evidence: [0; 32],
+            }
         };
-        let member = Member {
-            bump,
-            job: *job_ai.key,
-            node: *owner.key,
-            index: job.member_count,
-            joined_epoch: job.epochs_started,
-            status: MemberStatus::Active,
-            last_voted_epoch: NO_VOTE,
-            claimed,
-        };
+        member.index = job.member_count;
+        member.joined_epoch = job.epochs_started;
+        member.status = MemberStatus::Active;
+        member.start_stint(from);
         job.member_count += 1;
         node.active_job = *job_ai.key;
         store(member_ai, &member)?;
@@ -553,6 +661,7 @@ impl<'a, 'b> Ctx<'a, 'b> {
         Ok(())
     }
 
+    #[inline(never)]
     fn leave_job(&self) -> ProgramResult {
         let it = &mut self.accounts.iter();
         let owner = next_account_info(it)?;
@@ -570,6 +679,9 @@ impl<'a, 'b> Ctx<'a, 'b> {
         }
         self.remove_member(&mut job, job_ai.key, &mut member, member_ai, last_ai)?;
         member.status = MemberStatus::Left;
+        // Leaving does not end accountability: the epochs it was in stay
+        // counted (for its pay) and reportable (for its stake).
+        member.end_stint(job.epochs_started);
         if node.active_job == *job_ai.key {
             node.active_job = Pubkey::default();
         }
@@ -578,6 +690,7 @@ impl<'a, 'b> Ctx<'a, 'b> {
         store(job_ai, &job)
     }
 
+    #[inline(never)]
     fn start_epoch(&self) -> ProgramResult {
         let it = &mut self.accounts.iter();
         let cranker = next_account_info(it)?;
@@ -659,6 +772,7 @@ impl<'a, 'b> Ctx<'a, 'b> {
         store(job_ai, &job)
     }
 
+    #[inline(never)]
     fn attest_epoch(
         &self,
         epoch_index: u32,
@@ -672,7 +786,6 @@ impl<'a, 'b> Ctx<'a, 'b> {
         let member_ai = next_account_info(it)?;
         let job_ai = next_account_info(it)?;
         let epoch_ai = next_account_info(it)?;
-        let requester = next_account_info(it)?;
         let now = clock(next_account_info(it)?)?.unix_timestamp;
         signer(witness)?;
         let mut node = self.node_at(node_ai, witness.key)?;
@@ -680,17 +793,11 @@ impl<'a, 'b> Ctx<'a, 'b> {
         let mut member = self.member_at(member_ai, job_ai.key)?;
         let mut epoch = self.epoch_at(epoch_ai, job_ai.key)?;
         same(&member.node, witness.key, CohortError::AccountMismatch)?;
-        same(requester.key, &job.requester, CohortError::AccountMismatch)?;
-        // An open epoch of a cancelled job may still finish, so its members get paid.
-        let open = match job.state {
-            JobState::Running => true,
-            JobState::Cancelled => job.reserve > 0,
-            _ => false,
-        };
         if epoch.finalized && epoch.index == epoch_index {
             return Err(err(CohortError::EpochFinalized));
         }
-        if !open || job.current_epoch() != Some(epoch_index) || epoch.index != epoch_index {
+        // An open epoch of a cancelled job may still finish, so its members get paid.
+        if job.open_epoch() != Some(epoch_index) || epoch.index != epoch_index {
             return Err(err(CohortError::WrongEpoch));
         }
         if now > epoch.deadline {
@@ -758,15 +865,17 @@ impl<'a, 'b> Ctx<'a, 'b> {
             if job.state == JobState::Running {
                 if job.epochs_finalized >= job.spec.epochs {
                     job.state = JobState::Completed;
-                    job.ended_at = now;
                 } else {
                     job.deadline = now
                         .checked_add(job.spec.max_epoch_secs as i64)
                         .ok_or(err(CohortError::Overflow))?;
                 }
             }
+            // The claim window counts from the latest finalization, so a
+            // cancelled job's late epoch gets the full window too. Nothing
+            // is paid to the requester here: refunds are pulled (`withdraw`).
             if job.state.is_terminal() {
-                refund(&mut job, job_ai, requester)?;
+                job.ended_at = now;
             }
         }
         store(epoch_ai, &epoch)?;
@@ -775,6 +884,7 @@ impl<'a, 'b> Ctx<'a, 'b> {
         store(job_ai, &job)
     }
 
+    #[inline(never)]
     fn claim(&self, points: u64, proof: &[Hash32]) -> ProgramResult {
         let it = &mut self.accounts.iter();
         let owner = next_account_info(it)?;
@@ -790,25 +900,16 @@ impl<'a, 'b> Ctx<'a, 'b> {
         if job.epochs_finalized == 0 {
             return Err(err(CohortError::NoFinalizedRoot));
         }
-        if !merkle::verify(merkle::leaf(owner.key, points), proof, &job.latest_root) {
-            return Err(err(CohortError::InvalidProof));
-        }
-        let entitled = job.points_value(points).ok_or(err(CohortError::Overflow))?;
-        let payout = entitled.saturating_sub(member.claimed);
+        let payout = settle(&mut job, &mut member, owner.key, points, proof)?;
         if payout == 0 {
             return Err(err(CohortError::NothingToClaim));
         }
-        let paid = add(job.paid_out, payout)?;
-        if paid > job.owed {
-            return Err(err(CohortError::PayoutExceedsDeposit));
-        }
-        job.paid_out = paid;
-        member.claimed = entitled;
         move_lamports(job_ai, owner, payout)?;
         store(member_ai, &member)?;
         store(job_ai, &job)
     }
 
+    #[inline(never)]
     fn report_fraud(&self, epoch_index: u32, evidence: Hash32) -> ProgramResult {
         let it = &mut self.accounts.iter();
         let job_ai = next_account_info(it)?;
@@ -816,30 +917,48 @@ impl<'a, 'b> Ctx<'a, 'b> {
         let accused_ai = next_account_info(it)?;
         let accused_node_ai = next_account_info(it)?;
         let last_ai = next_account_info(it)?;
+        let burn_ai = next_account_info(it)?;
+        let now = clock(next_account_info(it)?)?.unix_timestamp;
+        let case_ai = next_account_info(it)?;
+        let payer = next_account_info(it)?;
+        let system = next_account_info(it)?;
+        let rent = rent(next_account_info(it)?)?;
+        incinerator(burn_ai)?;
+        check_system_program(system)?;
         let mut job = self.job_at(job_ai)?;
         let epoch = self.epoch_at(epoch_ai, job_ai.key)?;
-        if job.state != JobState::Running
-            || job.current_epoch() != Some(epoch_index)
-            || epoch.index != epoch_index
-        {
+        if !job.fraud_targetable(epoch_index, now) || epoch.index != epoch_index {
             return Err(err(CohortError::WrongEpoch));
         }
         let mut accused = self.member_at(accused_ai, job_ai.key)?;
-        if accused.status != MemberStatus::Active {
+        // A member that left is still accountable for the epochs it was in.
+        if accused.status == MemberStatus::Slashed {
             return Err(err(CohortError::NotActiveMember));
         }
+        if !accused.present_in(epoch_index) {
+            return Err(err(CohortError::NotPresent));
+        }
         let mut node = self.node_at(accused_node_ai, &accused.node)?;
+        let mut case = self.fraud_case_at(
+            case_ai,
+            payer,
+            system,
+            &rent,
+            job_ai.key,
+            &accused.node,
+            epoch_index,
+            evidence,
+        )?;
         let committee = Committee::new(&epoch.seed, epoch.members_at_start, job.spec.witness_count);
         let mut seen: [Option<Pubkey>; MAX_WITNESSES] = [None; MAX_WITNESSES];
-        let mut votes = 0usize;
         let rest = it.as_slice();
-        if !rest.len().is_multiple_of(2) || rest.len() / 2 > MAX_WITNESSES {
+        if rest.is_empty() || !rest.len().is_multiple_of(2) || rest.len() / 2 > MAX_WITNESSES {
             return Err(err(CohortError::InvalidInstruction));
         }
-        for pair in rest.chunks(2) {
+        for (listed, pair) in rest.chunks(2).enumerate() {
             let (w, wm_ai) = (&pair[0], &pair[1]);
             signer(w)?;
-            if seen[..votes].contains(&Some(*w.key)) {
+            if seen[..listed].contains(&Some(*w.key)) {
                 return Err(err(CohortError::DuplicateAccount));
             }
             let wm = self.member_at(wm_ai, job_ai.key)?;
@@ -852,34 +971,59 @@ impl<'a, 'b> Ctx<'a, 'b> {
             if seat.is_none() {
                 return Err(err(CohortError::NotWitness));
             }
-            seen[votes] = Some(*w.key);
-            votes += 1;
+            seen[listed] = Some(*w.key);
+            // A witness counts once per case, whichever transaction carries it.
+            let n = case.votes as usize;
+            if !case.voters[..n].contains(w.key) {
+                if n >= MAX_WITNESSES {
+                    return Err(err(CohortError::InvalidInstruction));
+                }
+                case.voters[n] = *w.key;
+                case.votes += 1;
+            }
         }
-        if votes < job.spec.quorum as usize {
-            return Err(err(CohortError::QuorumNotReached));
+        if (case.votes as usize) < job.spec.quorum as usize {
+            msg!(
+                "cohort: fraud vote recorded, {} of {} against {}",
+                case.votes,
+                job.spec.quorum,
+                accused.node
+            );
+            return store(case_ai, &*case);
         }
-        let stake = node.stake;
-        node.stake = 0;
+        case.slashed = true;
+        store(case_ai, &*case)?;
+        // At most the stake the job asked for, and burned: nobody who can
+        // trigger a slash (a requester with Sybil witnesses, a quorum) gains
+        // a lamport from it.
+        let stake = node.stake.min(job.spec.min_stake);
+        node.stake = sub(node.stake, stake)?;
         node.slashes = node.slashes.saturating_add(1);
         node.audits_failed = node.audits_failed.saturating_add(1);
         if node.active_job == *job_ai.key {
             node.active_job = Pubkey::default();
         }
         job.slashed = add(job.slashed, stake)?;
-        move_lamports(accused_node_ai, job_ai, stake)?;
-        self.remove_member(&mut job, job_ai.key, &mut accused, accused_ai, last_ai)?;
+        move_lamports(accused_node_ai, burn_ai, stake)?;
+        if accused.status == MemberStatus::Active {
+            self.remove_member(&mut job, job_ai.key, &mut accused, accused_ai, last_ai)?;
+            accused.end_stint(job.epochs_started);
+        }
         accused.status = MemberStatus::Slashed;
+        accused.slashed = stake;
+        accused.evidence = case.evidence;
         msg!(
-            "cohort: member {} slashed {} lamports, evidence {:?}",
+            "cohort: member {} slashed, {} lamports burned, evidence {:?}",
             accused.node,
             stake,
-            &evidence[..8]
+            &case.evidence[..8]
         );
         store(accused_ai, &accused)?;
         store(accused_node_ai, &node)?;
         store(job_ai, &job)
     }
 
+    #[inline(never)]
     fn cancel_job(&self) -> ProgramResult {
         let it = &mut self.accounts.iter();
         let requester = next_account_info(it)?;
@@ -893,17 +1037,15 @@ impl<'a, 'b> Ctx<'a, 'b> {
         }
         job.state = JobState::Cancelled;
         job.ended_at = now;
-        refund(&mut job, job_ai, requester)?;
         store(job_ai, &job)
     }
 
+    #[inline(never)]
     fn expire_job(&self) -> ProgramResult {
         let it = &mut self.accounts.iter();
         let job_ai = next_account_info(it)?;
-        let requester = next_account_info(it)?;
         let now = clock(next_account_info(it)?)?.unix_timestamp;
         let mut job = self.job_at(job_ai)?;
-        same(requester.key, &job.requester, CohortError::AccountMismatch)?;
         let open_epoch = matches!(job.state, JobState::Cancelled) && job.reserve > 0;
         if !(matches!(job.state, JobState::Open | JobState::Running) || open_epoch) {
             return Err(err(CohortError::InvalidJobState));
@@ -917,28 +1059,38 @@ impl<'a, 'b> Ctx<'a, 'b> {
             job.state = JobState::Expired;
             job.ended_at = now;
         }
-        refund(&mut job, job_ai, requester)?;
         store(job_ai, &job)
     }
 
-    fn close_member(&self) -> ProgramResult {
+    /// A Member is the only record of what its node was paid and whether it
+    /// was slashed, so it lives as long as its job can pay or slash: while
+    /// the job account exists and is not terminal it cannot be closed (a
+    /// re-created Member would start from `claimed = 0`); inside the claim
+    /// window closing first settles what the member is still owed.
+    #[inline(never)]
+    fn close_member(&self, points: u64, proof: &[Hash32]) -> ProgramResult {
         let it = &mut self.accounts.iter();
         let owner = next_account_info(it)?;
         let node_ai = next_account_info(it)?;
         let job_ai = next_account_info(it)?;
         let member_ai = next_account_info(it)?;
+        let now = clock(next_account_info(it)?)?.unix_timestamp;
         signer(owner)?;
-        let member = self.member_at(member_ai, job_ai.key)?;
+        let mut member = self.member_at(member_ai, job_ai.key)?;
         same(&member.node, owner.key, CohortError::AccountMismatch)?;
-        // A closed job leaves no account behind; its members may always close.
-        let job_closed = job_ai.owner != self.program_id && job_ai.lamports() == 0;
-        if !job_closed && member.status == MemberStatus::Active {
-            let job = self.job_at(job_ai)?;
-            if !job.state.is_terminal() {
-                return Err(err(CohortError::NotActiveMember));
+        let mut node = self.node_at(node_ai, owner.key)?;
+        if !is_closed(job_ai, self.program_id) {
+            let mut job = self.job_at(job_ai)?;
+            if !job.state.is_terminal() || job.reserve > 0 {
+                return Err(err(CohortError::MemberLocked));
+            }
+            let owed_maybe = member.status != MemberStatus::Slashed && job.epochs_finalized > 0;
+            if owed_maybe && job.in_claim_window(now) {
+                let payout = settle(&mut job, &mut member, owner.key, points, proof)?;
+                move_lamports(job_ai, owner, payout)?;
+                store(job_ai, &job)?;
             }
         }
-        let mut node = self.node_at(node_ai, owner.key)?;
         if node.active_job == *job_ai.key {
             node.active_job = Pubkey::default();
             store(node_ai, &node)?;
@@ -946,49 +1098,128 @@ impl<'a, 'b> Ctx<'a, 'b> {
         close_account(member_ai, owner)
     }
 
+    #[inline(never)]
     fn close_epoch(&self) -> ProgramResult {
         let it = &mut self.accounts.iter();
         let payer = next_account_info(it)?;
         let job_ai = next_account_info(it)?;
         let epoch_ai = next_account_info(it)?;
+        let now = clock(next_account_info(it)?)?.unix_timestamp;
         let epoch = self.epoch_at(epoch_ai, job_ai.key)?;
         same(payer.key, &epoch.rent_payer, CohortError::AccountMismatch)?;
-        let job_closed = job_ai.owner != self.program_id && job_ai.lamports() == 0;
-        if !job_closed && !epoch.finalized {
+        if !is_closed(job_ai, self.program_id) {
             let job = self.job_at(job_ai)?;
-            let still_open = job.current_epoch() == Some(epoch.index)
-                && (job.state == JobState::Running || job.reserve > 0);
-            if still_open {
+            if job.open_epoch() == Some(epoch.index) {
                 return Err(err(CohortError::EpochOpen));
+            }
+            // A fraud report needs the epoch's seed to find its committee.
+            if job.fraud_targetable(epoch.index, now) {
+                return Err(err(CohortError::EpochReportable));
             }
         }
         close_account(epoch_ai, payer)
     }
 
+    /// Closes a finished job: what members were owed but did not claim in
+    /// the window is burned (never refunded: a requester must not profit
+    /// from members it got slashed or blocked), the rest and the rent go
+    /// back to the requester.
+    #[inline(never)]
     fn close_job(&self) -> ProgramResult {
         let it = &mut self.accounts.iter();
         let requester = next_account_info(it)?;
         let job_ai = next_account_info(it)?;
+        let burn_ai = next_account_info(it)?;
         let now = clock(next_account_info(it)?)?.unix_timestamp;
         signer(requester)?;
+        incinerator(burn_ai)?;
         let job = self.job_at(job_ai)?;
         same(requester.key, &job.requester, CohortError::NotRequester)?;
         if !job.state.is_terminal() || job.reserve > 0 {
             return Err(err(CohortError::InvalidJobState));
         }
-        let window_over = now >= job.ended_at.saturating_add(CLAIM_WINDOW_SECS);
-        if job.paid_out < job.owed && !window_over {
+        let unclaimed = sub(job.owed, job.paid_out)?;
+        if unclaimed > 0 && job.in_claim_window(now) {
             return Err(err(CohortError::ClaimWindowOpen));
         }
+        move_lamports(job_ai, burn_ai, unclaimed)?;
         close_account(job_ai, requester)
+    }
+
+    /// A settled case, or one nobody can vote on any more, gives its rent back.
+    #[inline(never)]
+    fn close_fraud_case(&self) -> ProgramResult {
+        let it = &mut self.accounts.iter();
+        let payer = next_account_info(it)?;
+        let job_ai = next_account_info(it)?;
+        let case_ai = next_account_info(it)?;
+        let now = clock(next_account_info(it)?)?.unix_timestamp;
+        let case: FraudCase = load(case_ai, self.program_id)?;
+        same(&case.job, job_ai.key, CohortError::AccountMismatch)?;
+        let (addr, _) = pda::fraud_case(self.program_id, &case.job, &case.accused, case.epoch);
+        same(case_ai.key, &addr, CohortError::InvalidPda)?;
+        same(payer.key, &case.rent_payer, CohortError::AccountMismatch)?;
+        if !case.slashed && !is_closed(job_ai, self.program_id) {
+            let job = self.job_at(job_ai)?;
+            if job.fraud_targetable(case.epoch, now) {
+                return Err(err(CohortError::EpochReportable));
+            }
+        }
+        close_account(case_ai, payer)
+    }
+
+    /// The requester pulls what the job no longer needs. Nothing else ever
+    /// pays the requester, so no other party's instruction can fail because
+    /// of the requester's wallet.
+    #[inline(never)]
+    fn withdraw(&self) -> ProgramResult {
+        let it = &mut self.accounts.iter();
+        let requester = next_account_info(it)?;
+        let job_ai = next_account_info(it)?;
+        signer(requester)?;
+        let mut job = self.job_at(job_ai)?;
+        same(requester.key, &job.requester, CohortError::NotRequester)?;
+        // Until the job ends, its deposit funds the epochs still to come.
+        if !job.state.is_terminal() {
+            return Err(err(CohortError::InvalidJobState));
+        }
+        let amount = job
+            .refundable()
+            .ok_or(err(CohortError::PayoutExceedsDeposit))?;
+        if amount == 0 {
+            return Err(err(CohortError::NothingToWithdraw));
+        }
+        job.refunded = add(job.refunded, amount)?;
+        move_lamports(job_ai, requester, amount)?;
+        store(job_ai, &job)
     }
 }
 
-/// Pays the requester everything the job holds beyond what is owed or reserved.
-fn refund(job: &mut Job, job_ai: &AccountInfo, requester: &AccountInfo) -> Res<()> {
-    let amount = job
-        .refundable()
-        .ok_or(err(CohortError::PayoutExceedsDeposit))?;
-    job.refunded = add(job.refunded, amount)?;
-    move_lamports(job_ai, requester, amount)
+/// Checks `(owner, points)` against the latest root and the member's
+/// presence, and books what the member is still owed; returns that amount.
+/// The one place a member's pay is computed (claim and close_member).
+fn settle(
+    job: &mut Job,
+    member: &mut Member,
+    owner: &Pubkey,
+    points: u64,
+    proof: &[Hash32],
+) -> Res<u64> {
+    if !merkle::verify(merkle::leaf(owner, points), proof, &job.latest_root) {
+        return Err(err(CohortError::InvalidProof));
+    }
+    // However the quorum filled the table, a member earns at most one
+    // point per step of each epoch it took part in.
+    if points > job.points_cap(member.epochs_present(job.epochs_started)) {
+        return Err(err(CohortError::PointsExceedPresence));
+    }
+    let entitled = job.points_value(points).ok_or(err(CohortError::Overflow))?;
+    let payout = entitled.saturating_sub(member.claimed);
+    let paid = add(job.paid_out, payout)?;
+    if paid > job.owed {
+        return Err(err(CohortError::PayoutExceedsDeposit));
+    }
+    job.paid_out = paid;
+    member.claimed = member.claimed.max(entitled);
+    Ok(payout)
 }

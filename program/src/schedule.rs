@@ -15,55 +15,62 @@ pub fn epoch_seed(slot_hash: &[u8; 32], job: &Pubkey, epoch: u32) -> [u8; 32] {
     .to_bytes()
 }
 
-fn gcd(mut a: u64, mut b: u64) -> u64 {
-    while b != 0 {
-        (a, b) = (b, a % b);
+/// Most witnesses a committee can have (the Epoch's vote array).
+pub const MAX_SEATS: usize = crate::state::MAX_WITNESSES;
+
+/// Hash draws one seat may take before it falls back: each is rejected
+/// with probability below 2^-32, so the fallback never runs in practice.
+const MAX_TRIES: u32 = 8;
+
+/// A uniform integer in `0..=max` from the seed's hash stream: rejection
+/// sampling, so there is no modulo bias.
+fn uniform(seed: &[u8; 32], counter: &mut u64, max: u32) -> u32 {
+    let span = max as u64 + 1;
+    // 2^64 mod span: the top `rem` words would favour small residues.
+    let rem = (u64::MAX % span + 1) % span;
+    let mut r = 0u64;
+    for _ in 0..MAX_TRIES {
+        let h = hashv(&[b"cohort-draw-v1", seed, &counter.to_le_bytes()]).to_bytes();
+        *counter += 1;
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&h[..8]);
+        r = u64::from_le_bytes(b);
+        if r <= u64::MAX - rem {
+            break;
+        }
     }
-    a
+    (r % span) as u32
 }
 
-/// Seat `j` of the committee is member index `(start + j * stride) mod n` with
-/// `stride` coprime to `n`: a seeded permutation of `0..n`, so seats are
-/// distinct, and it costs O(seats) with no memory that grows with `n`.
+/// The witnesses of an epoch: `min(witness_count, n)` distinct member
+/// indices out of `0..n`, drawn by Floyd's sampling so every subset is
+/// equally likely (no strides, no modulo bias), then shuffled so every seat
+/// order is equally likely too; O(seats²) work and no memory that grows
+/// with `n`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Committee {
-    n: u64,
-    start: u64,
-    stride: u64,
     seats: u32,
+    members: [u32; MAX_SEATS],
 }
 
 impl Committee {
     pub fn new(seed: &[u8; 32], members: u32, witness_count: u8) -> Self {
-        let n = members as u64;
-        let seats = (witness_count as u32).min(members);
-        if n <= 1 {
-            return Self {
-                n,
-                start: 0,
-                stride: 1,
-                seats,
-            };
+        let k = (witness_count as u32).min(members).min(MAX_SEATS as u32);
+        let mut out = [0u32; MAX_SEATS];
+        let mut counter = 0u64;
+        for (len, j) in ((members - k)..members).enumerate() {
+            let t = uniform(seed, &mut counter, j);
+            out[len] = if out[..len].contains(&t) { j } else { t };
         }
-        let word = |i: usize| {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(&seed[i * 8..i * 8 + 8]);
-            u64::from_le_bytes(b)
-        };
-        let start = word(0) % n;
-        let mut stride = 1 + word(1) % (n - 1);
-        // Walks at most n-1 candidates; stride 1 always qualifies.
-        for _ in 0..n {
-            if gcd(stride, n) == 1 {
-                break;
-            }
-            stride = stride % (n - 1) + 1;
+        // Floyd's order favours small indices in early seats; a
+        // Fisher-Yates shuffle makes the seat order uniform too.
+        for i in (1..k as usize).rev() {
+            let j = uniform(seed, &mut counter, i as u32) as usize;
+            out.swap(i, j);
         }
         Self {
-            n,
-            start,
-            stride,
-            seats,
+            seats: k,
+            members: out,
         }
     }
 
@@ -73,11 +80,7 @@ impl Committee {
 
     /// Member index sitting in seat `j`.
     pub fn member_at(&self, j: u32) -> Option<u32> {
-        if j >= self.seats {
-            return None;
-        }
-        let idx = (self.start as u128 + j as u128 * self.stride as u128) % self.n as u128;
-        Some(idx as u32)
+        (j < self.seats).then(|| self.members[j as usize])
     }
 
     /// The seat of member `index`, if it is a witness.
@@ -111,6 +114,66 @@ mod tests {
                 }
             }
         }
+    }
+
+    fn seed(i: u32) -> [u8; 32] {
+        hashv(&[b"test-seed", &i.to_le_bytes()]).to_bytes()
+    }
+
+    /// Every 3-subset of 6 members is drawn equally often: chi-square over
+    /// 40,000 seeds against the 20 subsets, below the p = 0.001 critical
+    /// value for 19 degrees of freedom (43.82).
+    #[test]
+    fn the_committee_draw_is_uniform_chi_square() {
+        let draws = 40_000u32;
+        let mut counts = std::collections::BTreeMap::<u32, u32>::new();
+        for i in 0..draws {
+            let c = Committee::new(&seed(i), 6, 3);
+            let mask = c.members().fold(0u32, |m, x| m | 1 << x);
+            *counts.entry(mask).or_default() += 1;
+        }
+        assert_eq!(counts.len(), 20);
+        let expected = draws as f64 / 20.0;
+        let chi2: f64 = counts
+            .values()
+            .map(|&o| (o as f64 - expected).powi(2) / expected)
+            .sum();
+        assert!(chi2 < 43.82, "chi-square {chi2:.1} over 19 dof");
+        // Each member sits on half the committees, seat by seat uniform too.
+        let mut per_seat = [[0u32; 6]; 3];
+        for i in 0..draws {
+            for (j, m) in Committee::new(&seed(i), 6, 3).members().enumerate() {
+                per_seat[j][m as usize] += 1;
+            }
+        }
+        for row in per_seat {
+            let chi2: f64 = row
+                .iter()
+                .map(|&o| (o as f64 - draws as f64 / 6.0).powi(2) / (draws as f64 / 6.0))
+                .sum();
+            // 5 dof, p = 0.001.
+            assert!(chi2 < 20.52, "seat chi-square {chi2:.1}: {row:?}");
+        }
+    }
+
+    /// 10 members of which 3 collude, 5 seats, quorum 3: the colluders hold
+    /// a quorum with the hypergeometric probability C(3,3)·C(7,2)/C(10,5) =
+    /// 21/252 ≈ 8.33% (an arithmetic-progression draw gave them 20%).
+    #[test]
+    fn three_colluders_of_ten_capture_a_quorum_of_five_seats_8_percent_of_the_time() {
+        let draws = 100_000u32;
+        let colluders = [0u32, 1, 2];
+        let captured = (0..draws)
+            .filter(|&i| {
+                Committee::new(&seed(i), 10, 5)
+                    .members()
+                    .filter(|m| colluders.contains(m))
+                    .count()
+                    >= 3
+            })
+            .count();
+        let p = captured as f64 / draws as f64;
+        assert!((p - 21.0 / 252.0).abs() < 0.003, "captured {p:.4}");
     }
 
     #[test]

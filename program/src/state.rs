@@ -14,10 +14,16 @@ pub const MAX_AUDIT_RATE_BP: u16 = 10_000;
 /// A node's stake is locked this long after it asks to deregister, so evidence
 /// of fraud in its last job can still land.
 pub const NODE_COOLDOWN_SECS: i64 = 2 * 24 * 3600;
-/// After a job ends, members have this long to claim before the requester may
-/// close the job and take back what nobody claimed.
+/// After a job ends (or its last epoch finalizes, whichever is later),
+/// members have this long to claim and witnesses to report fraud, before the
+/// job may be closed; what is still owed then is burned.
 pub const CLAIM_WINDOW_SECS: i64 = 7 * 24 * 3600;
 pub const NO_VOTE: u32 = u32::MAX;
+/// `Member::stint_to` while the member is active: its stint has no end yet.
+pub const ONGOING: u32 = u32::MAX;
+/// Fraud reports may target the current epoch and the one before it, so a
+/// cheat caught while its epoch finalizes (or just after) is still slashable.
+pub const FRAUD_LOOKBACK_EPOCHS: u32 = 1;
 
 #[repr(u8)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,6 +32,8 @@ pub enum AccountType {
     Job = 2,
     Member = 3,
     Epoch = 4,
+    Requester = 5,
+    FraudCase = 6,
 }
 
 /// A fixed-size, versioned account.
@@ -246,6 +254,62 @@ impl AccountState for Node {
     }
 }
 
+/// What `join_job` needs to know about a node: the one rule for who may
+/// join a job ([`may_join`]) reads only this, so `cohort node`, the GUI and
+/// the program decide alike, even for a node not registered yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Candidate {
+    pub fp32_gflops: u32,
+    pub price: u64,
+    pub stake: u64,
+    pub available_from: i64,
+    pub available_until: i64,
+    /// Active (not deregistering) and in no other job.
+    pub idle: bool,
+}
+
+impl Candidate {
+    pub fn of(node: &Node) -> Self {
+        Self {
+            fp32_gflops: node.benchmark.fp32_gflops,
+            price: node.price,
+            stake: node.stake,
+            available_from: node.available_from,
+            available_until: node.available_until,
+            idle: node.status == NodeStatus::Active && node.active_job == Pubkey::default(),
+        }
+    }
+}
+
+/// The one rule for who may join `job` at `now`, in the order `join_job`
+/// reports it: the job takes members (Open or Running), the node is idle,
+/// there is a free slot, and the node's benchmark, price, stake and
+/// availability meet the spec.
+pub fn may_join(job: &Job, node: &Candidate, now: i64) -> Result<(), CohortError> {
+    if !matches!(job.state, JobState::Open | JobState::Running) {
+        return Err(CohortError::InvalidJobState);
+    }
+    if !node.idle {
+        return Err(CohortError::NodeBusy);
+    }
+    if job.member_count >= job.spec.max_nodes as u32 {
+        return Err(CohortError::JobFull);
+    }
+    if node.fp32_gflops < job.spec.min_fp32_gflops {
+        return Err(CohortError::Underpowered);
+    }
+    if node.price > job.spec.max_price {
+        return Err(CohortError::Overpriced);
+    }
+    if node.stake < job.spec.min_stake {
+        return Err(CohortError::InsufficientStake);
+    }
+    if now < node.available_from || now >= node.available_until {
+        return Err(CohortError::NodeUnavailable);
+    }
+    Ok(())
+}
+
 /// What the requester asks for. Validated once, at `create_job`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct JobSpec {
@@ -450,13 +514,56 @@ impl Job {
         u64::try_from(v).ok()
     }
 
-    /// What the requester may take back now without touching what is owed or reserved.
+    /// What the requester may take back without touching what is owed or
+    /// reserved. Slashed stake never enters the job (it is burned), so it is
+    /// not part of this.
     pub fn refundable(&self) -> Option<u64> {
         self.deposit
-            .checked_add(self.slashed)?
             .checked_sub(self.refunded)?
             .checked_sub(self.owed)?
             .checked_sub(self.reserve)
+    }
+
+    /// The epoch still being trained and attested, if any: the current epoch
+    /// of a running job, or of a cancelled job whose open epoch may still finish.
+    pub fn open_epoch(&self) -> Option<u32> {
+        let open = match self.state {
+            JobState::Running => self.epochs_finalized < self.epochs_started,
+            JobState::Cancelled => self.reserve > 0,
+            _ => false,
+        };
+        if open { self.current_epoch() } else { None }
+    }
+
+    /// Members may claim (and witnesses report) until this time; it counts
+    /// from the job's end or its latest finalization, whichever is later.
+    pub fn claim_deadline(&self) -> i64 {
+        self.ended_at.saturating_add(CLAIM_WINDOW_SECS)
+    }
+
+    /// Still inside the claim window: terminal, and the window has not run out.
+    pub fn in_claim_window(&self, now: i64) -> bool {
+        self.state.is_terminal() && now < self.claim_deadline()
+    }
+
+    /// Whether a fraud report may still target epoch `e`: it has started, it
+    /// is the current epoch or at most `FRAUD_LOOKBACK_EPOCHS` before it, and
+    /// the job is running or still inside its claim window. `close_epoch`
+    /// keeps every such epoch, so the report always finds its committee.
+    pub fn fraud_targetable(&self, e: u32, now: i64) -> bool {
+        let recent = e < self.epochs_started
+            && e.saturating_add(FRAUD_LOOKBACK_EPOCHS + 1) >= self.epochs_started;
+        let live = match self.state {
+            JobState::Open | JobState::Running => true,
+            _ => self.in_claim_window(now),
+        };
+        recent && live
+    }
+
+    /// The most cumulative points a member present in `epochs_present`
+    /// epochs can have earned: one per step of each.
+    pub fn points_cap(&self, epochs_present: u32) -> u64 {
+        (self.spec.steps_per_epoch as u64).saturating_mul(epochs_present as u64)
     }
 }
 
@@ -540,11 +647,56 @@ pub struct Member {
     pub status: MemberStatus,
     pub last_voted_epoch: u32,
     pub claimed: u64,
+    /// First epoch this member ever took part in (joined before it started,
+    /// or while it was open).
+    pub first_epoch: u32,
+    /// Epochs counted in finished stints (a stint ends when the member leaves).
+    pub epochs_present: u32,
+    /// First epoch of the current (or last) stint not yet counted.
+    pub stint_from: u32,
+    /// End (exclusive) of the last stint; `ONGOING` while active.
+    pub stint_to: u32,
+    /// Lamports of stake burned when this member was slashed.
+    pub slashed: u64,
+    /// Hash of the evidence the slashing quorum voted on; zero if never slashed.
+    pub evidence: [u8; 32],
+}
+
+impl Member {
+    /// Epochs this member took part in, counting the open one: a rejoin
+    /// adds to the count, and no epoch is counted twice.
+    pub fn epochs_present(&self, epochs_started: u32) -> u32 {
+        let current = if self.stint_to == ONGOING {
+            epochs_started.saturating_sub(self.stint_from)
+        } else {
+            0
+        };
+        self.epochs_present.saturating_add(current)
+    }
+
+    /// Whether this member may be held to account for epoch `e`: it took part
+    /// in the job from `first_epoch` and had not left before `e`.
+    pub fn present_in(&self, e: u32) -> bool {
+        e >= self.first_epoch && e < self.stint_to
+    }
+
+    /// Ends the current stint at `epochs_started` (the open epoch counts).
+    pub fn end_stint(&mut self, epochs_started: u32) {
+        self.epochs_present = self.epochs_present(epochs_started);
+        self.stint_from = epochs_started.max(self.stint_from);
+        self.stint_to = self.stint_from;
+    }
+
+    /// Starts a stint at `from`, never re-counting an epoch already counted.
+    pub fn start_stint(&mut self, from: u32) {
+        self.stint_from = from.max(self.stint_from);
+        self.stint_to = ONGOING;
+    }
 }
 
 impl AccountState for Member {
     const TYPE: AccountType = AccountType::Member;
-    const BODY_LEN: usize = 1 + 32 + 32 + 4 + 4 + 1 + 4 + 8;
+    const BODY_LEN: usize = 1 + 32 + 32 + 4 + 4 + 1 + 4 + 8 + 4 * 4 + 8 + 32;
 
     fn write_body(&self, w: &mut Writer) {
         w.u8(self.bump)
@@ -554,7 +706,13 @@ impl AccountState for Member {
             .u32(self.joined_epoch)
             .u8(self.status as u8)
             .u32(self.last_voted_epoch)
-            .u64(self.claimed);
+            .u64(self.claimed)
+            .u32(self.first_epoch)
+            .u32(self.epochs_present)
+            .u32(self.stint_from)
+            .u32(self.stint_to)
+            .u64(self.slashed)
+            .bytes(&self.evidence);
     }
 
     fn read_body(r: &mut Reader) -> Result<Self, CodecError> {
@@ -572,6 +730,42 @@ impl AccountState for Member {
             },
             last_voted_epoch: r.u32()?,
             claimed: r.u64()?,
+            first_epoch: r.u32()?,
+            epochs_present: r.u32()?,
+            stint_from: r.u32()?,
+            stint_to: r.u32()?,
+            slashed: r.u64()?,
+            evidence: r.array()?,
+        })
+    }
+}
+
+/// One per requester key, never closed: job ids only go up, so no job
+/// address is ever used twice (a closed job's members and epochs can never
+/// be attached to a new job at the same address).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Requester {
+    pub bump: u8,
+    pub requester: Pubkey,
+    /// The lowest job id `create_job` accepts next.
+    pub next_job_id: u64,
+}
+
+impl AccountState for Requester {
+    const TYPE: AccountType = AccountType::Requester;
+    const BODY_LEN: usize = 1 + 32 + 8;
+
+    fn write_body(&self, w: &mut Writer) {
+        w.u8(self.bump)
+            .pubkey(&self.requester)
+            .u64(self.next_job_id);
+    }
+
+    fn read_body(r: &mut Reader) -> Result<Self, CodecError> {
+        Ok(Self {
+            bump: r.u8()?,
+            requester: r.pubkey()?,
+            next_job_id: r.u64()?,
         })
     }
 }
@@ -657,6 +851,76 @@ impl AccountState for Epoch {
             root: r.array()?,
             total_points: r.u64()?,
             model_hash: r.array()?,
+        })
+    }
+}
+
+/// Fraud votes against one member for one epoch, gathered over as many
+/// transactions as the witnesses like (one each, or several co-signed):
+/// the stake is slashed when `voters` reaches the quorum. Closed by its
+/// rent payer once it is settled or can no longer be voted on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FraudCase {
+    pub bump: u8,
+    pub job: Pubkey,
+    /// The accused node owner.
+    pub accused: Pubkey,
+    pub epoch: u32,
+    /// Who paid the rent (the first voter's payer); `close_fraud_case` returns it there.
+    pub rent_payer: Pubkey,
+    pub votes: u8,
+    /// Distinct witnesses that voted, `voters[..votes]`.
+    pub voters: [Pubkey; MAX_WITNESSES],
+    /// The evidence hash the case was opened with.
+    pub evidence: [u8; 32],
+    pub slashed: bool,
+}
+
+impl AccountState for FraudCase {
+    const TYPE: AccountType = AccountType::FraudCase;
+    const BODY_LEN: usize = 1 + 32 + 32 + 4 + 32 + 1 + 32 * MAX_WITNESSES + 32 + 1;
+
+    fn write_body(&self, w: &mut Writer) {
+        w.u8(self.bump)
+            .pubkey(&self.job)
+            .pubkey(&self.accused)
+            .u32(self.epoch)
+            .pubkey(&self.rent_payer)
+            .u8(self.votes);
+        for v in &self.voters {
+            w.pubkey(v);
+        }
+        w.bytes(&self.evidence).u8(self.slashed as u8);
+    }
+
+    fn read_body(r: &mut Reader) -> Result<Self, CodecError> {
+        let bump = r.u8()?;
+        let job = r.pubkey()?;
+        let accused = r.pubkey()?;
+        let epoch = r.u32()?;
+        let rent_payer = r.pubkey()?;
+        let votes = r.u8()?;
+        if votes as usize > MAX_WITNESSES {
+            return Err(CodecError);
+        }
+        let mut voters = [Pubkey::default(); MAX_WITNESSES];
+        for v in voters.iter_mut() {
+            *v = r.pubkey()?;
+        }
+        Ok(Self {
+            bump,
+            job,
+            accused,
+            epoch,
+            rent_payer,
+            votes,
+            voters,
+            evidence: r.array()?,
+            slashed: match r.u8()? {
+                0 => false,
+                1 => true,
+                _ => return Err(CodecError),
+            },
         })
     }
 }

@@ -33,15 +33,7 @@ impl Running {
     }
 
     fn attest(&self, w: &Pubkey, epoch: u32, root: [u8; 32], total: u64) -> Instruction {
-        client::attest_epoch(
-            w,
-            &self.job,
-            &self.requester.pubkey(),
-            epoch,
-            [5; 32],
-            root,
-            total,
-        )
+        client::attest_epoch(w, &self.job, epoch, [5; 32], root, total)
     }
 
     async fn send_as(
@@ -170,7 +162,7 @@ async fn member_or_epoch_of_another_job_is_refused() {
         .unwrap();
     let w = r.witnesses(0).await[0];
     // A Member of job 1 presented for job 2.
-    let mut ix = client::attest_epoch(&w, &other, &r.requester.pubkey(), 0, [0; 32], [0; 32], 0);
+    let mut ix = client::attest_epoch(&w, &other, 0, [0; 32], [0; 32], 0);
     ix.accounts[2].pubkey = client::member_address(&r.job, &w);
     ix.accounts[4].pubkey = client::epoch_address(&r.job, 0);
     assert_err(r.send_as(ix, &w).await, CohortError::AccountMismatch);
@@ -256,11 +248,13 @@ async fn reinitialization_is_refused() {
     env.create_job(&requester, 1, s, s.full_budget().unwrap())
         .await
         .unwrap();
+    // The same id again: refused by the requester's id counter before the
+    // address is even looked at (job addresses are never reused).
     let res = env
         .create_job(&requester, 1, s, s.full_budget().unwrap())
         .await
         .map(|_| ());
-    assert_err(res, CohortError::AlreadyInitialized);
+    assert_err(res, CohortError::JobIdUsed);
 }
 
 #[tokio::test]
@@ -292,12 +286,18 @@ async fn use_after_close_is_refused() {
     // A member of the closed job may still close its own account, once.
     let n = r.nodes[0].insecure_clone();
     r.env
-        .send(&[client::close_member(&n.pubkey(), &r.job)], &[&n])
+        .send(
+            &[client::close_member(&n.pubkey(), &r.job, 0, vec![])],
+            &[&n],
+        )
         .await
         .unwrap();
     let res = r
         .env
-        .send(&[client::close_member(&n.pubkey(), &r.job)], &[&n])
+        .send(
+            &[client::close_member(&n.pubkey(), &r.job, 0, vec![])],
+            &[&n],
+        )
         .await;
     assert_err(res, CohortError::WrongOwner);
 }
@@ -309,7 +309,8 @@ async fn duplicate_mutable_accounts_are_refused() {
     let accused = r.non_witness(0).await;
     let last = r.last_member().await;
     // One witness listed twice must not count as two votes.
-    let ix = client::report_fraud(&r.job, 0, &accused, &last, &[ws[0], ws[0]], [1; 32]);
+    r.env.track(client::fraud_case_address(&r.job, &accused, 0));
+    let ix = client::report_fraud(&r.job, 0, &accused, &last, &ws[0], &[ws[0], ws[0]], [1; 32]);
     let w0 = find(&r.nodes, &ws[0]).insecure_clone();
     assert_err(
         r.env.send(&[ix], &[&w0]).await,
@@ -445,13 +446,21 @@ async fn cancel_by_non_requester_is_refused() {
 #[tokio::test]
 async fn expire_before_deadline_is_refused() {
     let mut r = open_job(2).await;
-    let ix = client::expire_job(&r.job, &r.requester.pubkey());
+    let ix = client::expire_job(&r.job);
     assert_err(
         r.env.send(std::slice::from_ref(&ix), &[]).await,
         CohortError::DeadlineNotReached,
     );
     r.env.advance(spec().join_window_secs as i64 + 1);
     r.env.send(&[ix], &[]).await.unwrap();
+    let requester = r.requester.insecure_clone();
+    r.env
+        .send(
+            &[client::withdraw(&requester.pubkey(), &r.job)],
+            &[&requester],
+        )
+        .await
+        .unwrap();
     let j: Job = r.env.state(&r.job).await;
     assert_eq!((j.state, j.refunded), (JobState::Expired, j.deposit));
 }
@@ -466,11 +475,11 @@ async fn payout_beyond_deposit_is_refused() {
     // A colluding quorum attests a root whose leaves exceed its stated total:
     // the claim would pay more than is owed, and is refused.
     let m = r.nodes[0].insecure_clone();
-    let forged = vec![(m.pubkey(), 1_000_000u64)];
+    let forged = vec![(m.pubkey(), 10u64)];
     let t = tree(&forged);
     let ws = r.witnesses(0).await;
     for w in ws.iter().take(2) {
-        r.send_as(r.attest(w, 0, t.root(), 10), w).await.unwrap();
+        r.send_as(r.attest(w, 0, t.root(), 1), w).await.unwrap();
     }
     let (p, proof) = proof_for(&forged, &m.pubkey());
     let res = r.claim(&m.pubkey(), p, proof).await;
@@ -485,29 +494,52 @@ async fn slash_without_quorum_is_refused_and_with_quorum_slashes() {
     let last = r.last_member().await;
     let w0 = find(&r.nodes, &ws[0]).insecure_clone();
     let w1 = find(&r.nodes, &ws[1]).insecure_clone();
-    let ix = client::report_fraud(&r.job, 0, &accused, &last, &[ws[0]], [1; 32]);
-    assert_err(
-        r.env.send(&[ix], &[&w0]).await,
-        CohortError::QuorumNotReached,
-    );
+    let case = client::fraud_case_address(&r.job, &accused, 0);
+    r.env.track(case);
+    // One witness below the quorum: its vote is recorded, nothing is taken.
+    let ix = client::report_fraud(&r.job, 0, &accused, &last, &ws[0], &[ws[0]], [1; 32]);
+    r.env.send(std::slice::from_ref(&ix), &[&w0]).await.unwrap();
+    let n: Node = r.env.state(&client::node_address(&accused)).await;
+    assert_eq!(n.stake, STAKE);
+    let c: FraudCase = r.env.state(&case).await;
+    assert_eq!((c.votes, c.slashed), (1, false));
+    // Voting again does not count twice.
+    r.env.send(&[ix], &[&w0]).await.unwrap();
+    let c: FraudCase = r.env.state(&case).await;
+    assert_eq!(c.votes, 1);
     // A non-witness co-signing does not make a quorum either.
-    let ix = client::report_fraud(&r.job, 0, &accused, &last, &[ws[0], accused], [1; 32]);
+    let ix = client::report_fraud(
+        &r.job,
+        0,
+        &accused,
+        &last,
+        &ws[0],
+        &[ws[0], accused],
+        [1; 32],
+    );
     let acc_kp = find(&r.nodes, &accused).insecure_clone();
     assert_err(
         r.env.send(&[ix], &[&w0, &acc_kp]).await,
         CohortError::NotWitness,
     );
 
+    // The second witness, in its own transaction, completes the quorum.
     let job_before = r.env.balance(&r.job).await;
-    let ix = client::report_fraud(&r.job, 0, &accused, &last, &[ws[0], ws[1]], [1; 32]);
-    r.env.send(&[ix], &[&w0, &w1]).await.unwrap();
+    let burned_before = r.env.burned;
+    let ix = client::report_fraud(&r.job, 0, &accused, &last, &ws[1], &[ws[1]], [2; 32]);
+    r.env.send(&[ix], &[&w1]).await.unwrap();
     let m: Member = r.env.state(&client::member_address(&r.job, &accused)).await;
-    assert_eq!(m.status, MemberStatus::Slashed);
+    assert_eq!(
+        (m.status, m.slashed, m.evidence),
+        (MemberStatus::Slashed, STAKE, [1; 32])
+    );
     let n: Node = r.env.state(&client::node_address(&accused)).await;
     assert_eq!((n.stake, n.slashes), (0, 1));
     let j: Job = r.env.state(&r.job).await;
     assert_eq!((j.slashed, j.member_count), (STAKE, 3));
-    assert_eq!(r.env.balance(&r.job).await, job_before + STAKE);
+    // Burned, not paid into the job (nor to the requester).
+    assert_eq!(r.env.balance(&r.job).await, job_before);
+    assert_eq!(r.env.burned, burned_before + STAKE);
     // Indices stay dense: 0..3 are all active.
     let by_index = r.by_index().await;
     assert!(by_index.iter().all(|m| m.is_some()));
@@ -517,4 +549,577 @@ async fn slash_without_quorum_is_refused_and_with_quorum_slashes() {
     let (p, proof) = proof_for(&pts, &accused);
     let res = r.claim(&accused, p, proof).await;
     assert_err(res, CohortError::NotActiveMember);
+}
+
+// Issue 15: each hole, performed as an attacker would. Balances are checked
+// to the lamport; the harness checks conservation after every transaction.
+
+impl Running {
+    fn kp(&self, k: &Pubkey) -> Keypair {
+        find(&self.nodes, k).insecure_clone()
+    }
+
+    async fn as_requester(
+        &mut self,
+        ix: Instruction,
+    ) -> Result<(), solana_program_test::BanksClientError> {
+        let r = self.requester.insecure_clone();
+        self.env.send(&[ix], &[&r]).await
+    }
+
+    async fn leave(&mut self, who: &Pubkey) -> Result<(), solana_program_test::BanksClientError> {
+        let last = self.last_member().await;
+        let ix = client::leave_job(who, &self.job, &last);
+        self.send_as(ix, who).await
+    }
+
+    /// The first two witnesses of `epoch` report `accused`.
+    async fn report(
+        &mut self,
+        epoch: u32,
+        accused: &Pubkey,
+        evidence: [u8; 32],
+    ) -> Result<(), solana_program_test::BanksClientError> {
+        let ws: Vec<Pubkey> = self.witnesses(epoch).await.into_iter().take(2).collect();
+        let last = self.last_member().await;
+        self.env
+            .track(client::fraud_case_address(&self.job, accused, epoch));
+        let ix = client::report_fraud(&self.job, epoch, accused, &last, &ws[0], &ws, evidence);
+        let signers: Vec<Keypair> = ws.iter().map(|w| self.kp(w)).collect();
+        let refs: Vec<&Keypair> = signers.iter().collect();
+        self.env.send(&[ix], &refs).await
+    }
+
+    /// `who` claims its leaf of `pts` and must be paid exactly `want`.
+    async fn claim_exactly(&mut self, who: &Pubkey, pts: &[(Pubkey, u64)], want: u64) {
+        let before = self.env.balance(who).await;
+        let (p, proof) = proof_for(pts, who);
+        self.claim(who, p, proof).await.unwrap();
+        assert_eq!(self.env.balance(who).await, before + want, "{who} paid");
+    }
+}
+
+#[tokio::test]
+async fn hole_1_a_recreated_member_cannot_claim_the_same_points_twice() {
+    let mut r = running_job().await;
+    let pts = points(&r, 10);
+    r.finalize(0, &pts).await;
+    let attacker = r.nodes[0].pubkey();
+    r.claim_exactly(&attacker, &pts, PRICE).await;
+    let paid = r.env.balance(&attacker).await;
+    // leave, close, rejoin, claim again: the Member cannot be closed while
+    // the job lives, and a rejoin keeps `claimed`.
+    r.leave(&attacker).await.unwrap();
+    let ix = client::close_member(&attacker, &r.job, 0, vec![]);
+    assert_err(r.send_as(ix, &attacker).await, CohortError::MemberLocked);
+    let kp = r.kp(&attacker);
+    r.env.join(&kp, &r.job).await.unwrap();
+    let m: Member = r
+        .env
+        .state(&client::member_address(&r.job, &attacker))
+        .await;
+    assert_eq!((m.status, m.claimed), (MemberStatus::Active, PRICE));
+    let (p, proof) = proof_for(&pts, &attacker);
+    assert_err(
+        r.claim(&attacker, p, proof).await,
+        CohortError::NothingToClaim,
+    );
+    assert_eq!(r.env.balance(&attacker).await, paid);
+
+    // A slashed member can neither close (to top up and rejoin) nor rejoin.
+    let ws = r.witnesses(0).await;
+    let cheat = r
+        .nodes
+        .iter()
+        .map(|n| n.pubkey())
+        .find(|k| *k != attacker && !ws.iter().take(2).any(|w| w == k))
+        .unwrap();
+    r.report(0, &cheat, [3; 32]).await.unwrap();
+    let ix = client::close_member(&cheat, &r.job, 0, vec![]);
+    assert_err(r.send_as(ix, &cheat).await, CohortError::MemberLocked);
+    let ck = r.kp(&cheat);
+    let ix = client::update_node(&cheat, terms(PRICE, 5_000), STAKE);
+    r.env.send(&[ix], &[&ck]).await.unwrap();
+    assert_err(r.env.join(&ck, &r.job).await, CohortError::NotActiveMember);
+    let (p, proof) = proof_for(&pts, &cheat);
+    assert_err(
+        r.claim(&cheat, p, proof).await,
+        CohortError::NotActiveMember,
+    );
+
+    // The honest members are paid in full.
+    for k in r.nodes.iter().map(|n| n.pubkey()).collect::<Vec<_>>() {
+        if k != attacker && k != cheat {
+            r.claim_exactly(&k, &pts, PRICE).await;
+        }
+    }
+    // Once the job has ended, the slashed member may close, and can never
+    // come back: a terminal job takes no members.
+    let requester = r.requester.pubkey();
+    r.as_requester(client::cancel_job(&requester, &r.job))
+        .await
+        .unwrap();
+    let ix = client::close_member(&cheat, &r.job, 0, vec![]);
+    r.send_as(ix, &cheat).await.unwrap();
+    assert_err(r.env.join(&ck, &r.job).await, CohortError::InvalidJobState);
+}
+
+#[tokio::test]
+async fn hole_2_a_job_address_is_never_reused() {
+    let mut r = open_job(4).await;
+    let requester = r.requester.pubkey();
+    let before = r.env.balance(&requester).await;
+    r.as_requester(client::cancel_job(&requester, &r.job))
+        .await
+        .unwrap();
+    r.as_requester(client::close_job(&requester, &r.job))
+        .await
+        .unwrap();
+    // Same id again, with a one-seat committee the requester would hold:
+    // refused, so the old members can never be attached to a new job.
+    let mut one = spec();
+    (one.min_nodes, one.witness_count, one.quorum) = (1, 1, 1);
+    let rq = r.requester.insecure_clone();
+    let res = r
+        .env
+        .create_job(&rq, 1, one, one.full_budget().unwrap())
+        .await
+        .map(|_| ());
+    assert_err(res, CohortError::JobIdUsed);
+    assert!(r.env.account(&r.job).await.is_none());
+    let ids: Requester = r.env.state(&client::requester_address(&requester)).await;
+    assert_eq!(ids.next_job_id, 2);
+    // The requester got back exactly its deposit and the job's rent.
+    let job_rent = r.env.rent.minimum_balance(Job::LEN);
+    assert_eq!(
+        r.env.balance(&requester).await,
+        before + spec().full_budget().unwrap() + job_rent
+    );
+    // The old members leave with their whole stake.
+    for n in r.nodes.clone_keys() {
+        let ix = client::close_member(&n.pubkey(), &r.job, 0, vec![]);
+        r.env.send(&[ix], &[&n]).await.unwrap();
+        let node: Node = r.env.state(&client::node_address(&n.pubkey())).await;
+        assert_eq!((node.stake, node.active_job), (STAKE, Pubkey::default()));
+        r.env
+            .send(&[client::deregister_node(&n.pubkey())], &[&n])
+            .await
+            .unwrap();
+    }
+    // A new id works.
+    r.env
+        .create_job(&rq, 2, one, one.full_budget().unwrap())
+        .await
+        .unwrap();
+}
+
+trait CloneKeys {
+    fn clone_keys(&self) -> Vec<Keypair>;
+}
+
+impl CloneKeys for Vec<Keypair> {
+    fn clone_keys(&self) -> Vec<Keypair> {
+        self.iter().map(|k| k.insecure_clone()).collect()
+    }
+}
+
+#[tokio::test]
+async fn hole_3_lamports_sent_to_a_closed_job_do_not_lock_its_members() {
+    let mut r = running_job().await;
+    let pts = points(&r, 10);
+    r.finalize(0, &pts).await;
+    for k in r.nodes.iter().map(|n| n.pubkey()).collect::<Vec<_>>() {
+        r.claim_exactly(&k, &pts, PRICE).await;
+    }
+    let requester = r.requester.pubkey();
+    r.as_requester(client::cancel_job(&requester, &r.job))
+        .await
+        .unwrap();
+    r.as_requester(client::withdraw(&requester, &r.job))
+        .await
+        .unwrap();
+    r.as_requester(client::close_job(&requester, &r.job))
+        .await
+        .unwrap();
+    // The griefer revives the address with lamports (a system account).
+    let min = r.env.rent.minimum_balance(0);
+    let job = r.job;
+    r.env.fund(&job, min).await;
+    assert_eq!(r.env.balance(&job).await, min);
+    // Members still close, the epoch still closes, nodes still leave.
+    let payer = r.env.ctx.payer.pubkey();
+    r.env
+        .send(&[client::close_epoch(&payer, &job, 0)], &[])
+        .await
+        .unwrap();
+    for n in r.nodes.clone_keys() {
+        let ix = client::close_member(&n.pubkey(), &job, 0, vec![]);
+        r.env.send(&[ix], &[&n]).await.unwrap();
+        r.env
+            .send(&[client::deregister_node(&n.pubkey())], &[&n])
+            .await
+            .unwrap();
+    }
+    r.env.advance(NODE_COOLDOWN_SECS);
+    for n in r.nodes.clone_keys() {
+        let before = r.env.balance(&n.pubkey()).await;
+        r.env
+            .send(&[client::close_node(&n.pubkey())], &[&n])
+            .await
+            .unwrap();
+        let rent = r.env.rent.minimum_balance(Node::LEN);
+        assert_eq!(r.env.balance(&n.pubkey()).await, before + STAKE + rent);
+    }
+}
+
+#[tokio::test]
+async fn hole_4_leaving_just_before_the_report_does_not_dodge_the_slash() {
+    let mut r = running_job().await;
+    let cheat = r.non_witness(0).await;
+    r.leave(&cheat).await.unwrap();
+    let burned = r.env.burned;
+    r.report(0, &cheat, [4; 32]).await.unwrap();
+    let m: Member = r.env.state(&client::member_address(&r.job, &cheat)).await;
+    assert_eq!((m.status, m.slashed), (MemberStatus::Slashed, STAKE));
+    let n: Node = r.env.state(&client::node_address(&cheat)).await;
+    assert_eq!(n.stake, 0);
+    assert_eq!(r.env.burned, burned + STAKE);
+    // Its points for the epoch it cheated in are not paid.
+    let pts = points(&r, 10);
+    r.finalize(0, &pts).await;
+    let (p, proof) = proof_for(&pts, &cheat);
+    assert_err(
+        r.claim(&cheat, p, proof).await,
+        CohortError::NotActiveMember,
+    );
+    for k in r.nodes.iter().map(|n| n.pubkey()).collect::<Vec<_>>() {
+        if k != cheat {
+            r.claim_exactly(&k, &pts, PRICE).await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn hole_4_closing_the_finalized_epoch_does_not_block_reports() {
+    let mut r = running_job().await;
+    let pts = points(&r, 10);
+    r.finalize(0, &pts).await;
+    let payer = r.env.ctx.payer.pubkey();
+    let close = client::close_epoch(&payer, &r.job, 0);
+    assert_err(
+        r.env.send(std::slice::from_ref(&close), &[]).await,
+        CohortError::EpochReportable,
+    );
+    // The report for the finalized epoch lands.
+    let cheat = r.non_witness(0).await;
+    r.report(0, &cheat, [4; 32]).await.unwrap();
+    let m: Member = r.env.state(&client::member_address(&r.job, &cheat)).await;
+    assert_eq!(m.status, MemberStatus::Slashed);
+    // Two epochs later it is past reporting, and closes.
+    for e in 1..3 {
+        r.env.start_epoch(&r.job).await.unwrap();
+        if e == 1 {
+            assert_err(
+                r.env.send(std::slice::from_ref(&close), &[]).await,
+                CohortError::EpochReportable,
+            );
+        }
+        let pts: Vec<(Pubkey, u64)> = r
+            .nodes
+            .iter()
+            .map(|n| {
+                (
+                    n.pubkey(),
+                    if n.pubkey() == cheat {
+                        10
+                    } else {
+                        10 * (e + 1)
+                    },
+                )
+            })
+            .collect();
+        r.finalize(e as u32, &pts).await;
+    }
+    r.env.send(&[close], &[]).await.unwrap();
+}
+
+#[tokio::test]
+async fn hole_5_a_colluding_quorum_cannot_pay_one_member_everything() {
+    let mut r = running_job().await;
+    // The quorum gives the whole epoch's budget (4 members x 10 steps) to one.
+    let greedy = r.nodes[0].pubkey();
+    let forged: Vec<(Pubkey, u64)> = r
+        .nodes
+        .iter()
+        .map(|n| (n.pubkey(), if n.pubkey() == greedy { 40 } else { 0 }))
+        .collect();
+    r.finalize(0, &forged).await;
+    let before = r.env.balance(&greedy).await;
+    let (p, proof) = proof_for(&forged, &greedy);
+    assert_err(
+        r.claim(&greedy, p, proof).await,
+        CohortError::PointsExceedPresence,
+    );
+    assert_eq!(r.env.balance(&greedy).await, before);
+    // An honest epoch after it pays everyone what the chain let them earn.
+    r.env.start_epoch(&r.job).await.unwrap();
+    let honest = points(&r, 10);
+    r.finalize(1, &honest).await;
+    for k in r.nodes.iter().map(|n| n.pubkey()).collect::<Vec<_>>() {
+        r.claim_exactly(&k, &honest, PRICE).await;
+    }
+}
+
+#[tokio::test]
+async fn hole_5_a_requester_holding_a_quorum_gains_nothing_from_slashing() {
+    let mut r = open_job(4).await;
+    // The victim staked twice the job's minimum: at most the minimum is taken.
+    let ws_candidates = r.nodes.clone_keys();
+    r.env.start_epoch(&r.job).await.unwrap();
+    let victim = r.non_witness(0).await;
+    let vk = find(&ws_candidates, &victim).insecure_clone();
+    let ix = client::update_node(&victim, terms(PRICE, 5_000), STAKE);
+    r.env.send(&[ix], &[&vk]).await.unwrap();
+    let requester = r.requester.pubkey();
+    let start = r.env.balance(&requester).await;
+    let deposit = spec().full_budget().unwrap();
+    let pts = points(&r, 10);
+    r.finalize(0, &pts).await;
+    // The requester's Sybil witnesses (the quorum) slash the honest victim.
+    let burned = r.env.burned;
+    r.report(0, &victim, [5; 32]).await.unwrap();
+    let m: Member = r.env.state(&client::member_address(&r.job, &victim)).await;
+    assert_eq!((m.slashed, m.evidence), (STAKE, [5; 32]));
+    let n: Node = r.env.state(&client::node_address(&victim)).await;
+    assert_eq!(n.stake, STAKE, "only min_stake is taken");
+    assert_eq!(r.env.burned, burned + STAKE, "burned, not paid to anyone");
+    assert_eq!(r.env.balance(&requester).await, start);
+    for k in r.nodes.iter().map(|n| n.pubkey()).collect::<Vec<_>>() {
+        if k != victim {
+            r.claim_exactly(&k, &pts, PRICE).await;
+        }
+    }
+    r.as_requester(client::cancel_job(&requester, &r.job))
+        .await
+        .unwrap();
+    r.as_requester(client::withdraw(&requester, &r.job))
+        .await
+        .unwrap();
+    // What the victim earned but could not claim is burned at close too.
+    r.env.advance(CLAIM_WINDOW_SECS);
+    r.as_requester(client::close_job(&requester, &r.job))
+        .await
+        .unwrap();
+    assert_eq!(r.env.burned, burned + STAKE + PRICE);
+    let job_rent = r.env.rent.minimum_balance(Job::LEN);
+    // The requester paid for all four members' work, the victim's included.
+    assert_eq!(
+        r.env.balance(&requester).await,
+        start + deposit - 4 * PRICE + job_rent
+    );
+}
+
+#[tokio::test]
+async fn hole_9_an_empty_requester_wallet_cannot_block_finalization() {
+    let mut env = Env::new().await;
+    let requester = env.user(10 * SOL).await;
+    let nodes = env.nodes(4).await;
+    let mut s = spec();
+    s.epochs = 1;
+    let job = env
+        .create_job(&requester, 1, s, s.full_budget().unwrap())
+        .await
+        .unwrap();
+    for n in &nodes {
+        env.join(n, &job).await.unwrap();
+    }
+    let mut r = Running {
+        env,
+        requester: requester.insecure_clone(),
+        nodes,
+        job,
+    };
+    r.env.start_epoch(&job).await.unwrap();
+    // The requester empties its wallet: a pushed refund of 0.1 epoch-price
+    // would leave it below rent and fail the finalizing vote.
+    let sink = Keypair::new();
+    r.env.track(sink.pubkey());
+    let all = r.env.balance(&requester.pubkey()).await;
+    let ix =
+        solana_system_interface::instruction::transfer(&requester.pubkey(), &sink.pubkey(), all);
+    r.env.send(&[ix], &[&requester]).await.unwrap();
+    let mut pts = points(&r, 10);
+    pts[3].1 = 9;
+    r.finalize(0, &pts).await;
+    let j: Job = r.env.state(&job).await;
+    assert_eq!((j.state, j.refunded), (JobState::Completed, 0));
+    assert_eq!(r.env.balance(&requester.pubkey()).await, 0);
+    for k in r.nodes.iter().map(|n| n.pubkey()).collect::<Vec<_>>() {
+        let (p, _) = proof_for(&pts, &k);
+        r.claim_exactly(&k, &pts, p * PRICE / 10).await;
+    }
+    // The requester pulls its refund when its wallet can hold it.
+    r.env.fund(&requester.pubkey(), SOL).await;
+    r.as_requester(client::withdraw(&requester.pubkey(), &job))
+        .await
+        .unwrap();
+    assert_eq!(r.env.balance(&requester.pubkey()).await, SOL + PRICE / 10);
+}
+
+#[tokio::test]
+async fn hole_10_a_late_finalization_restarts_the_claim_window() {
+    let mut r = running_job().await;
+    let requester = r.requester.pubkey();
+    r.as_requester(client::cancel_job(&requester, &r.job))
+        .await
+        .unwrap();
+    // The open epoch finalizes late, just before its deadline.
+    r.env.advance(spec().max_epoch_secs as i64 - 10);
+    let pts = points(&r, 10);
+    r.finalize(0, &pts).await;
+    // A week after the cancel, but not after the finalization.
+    r.env.advance(CLAIM_WINDOW_SECS - 1_000);
+    assert_err(
+        r.as_requester(client::close_job(&requester, &r.job)).await,
+        CohortError::ClaimWindowOpen,
+    );
+    // A member that closes without claiming first is paid by the close.
+    let m = r.nodes[0].pubkey();
+    let before = r.env.balance(&m).await;
+    let (p, proof) = proof_for(&pts, &m);
+    let ix = client::close_member(&m, &r.job, p, proof);
+    assert_err(
+        r.send_as(client::close_member(&m, &r.job, 0, vec![]), &m)
+            .await,
+        CohortError::InvalidProof,
+    );
+    r.send_as(ix, &m).await.unwrap();
+    let rent = r.env.rent.minimum_balance(Member::LEN);
+    assert_eq!(r.env.balance(&m).await, before + PRICE + rent);
+    for k in r
+        .nodes
+        .iter()
+        .skip(1)
+        .map(|n| n.pubkey())
+        .collect::<Vec<_>>()
+    {
+        r.claim_exactly(&k, &pts, PRICE).await;
+    }
+    r.as_requester(client::close_job(&requester, &r.job))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_spoofed_sysvar_is_refused() {
+    let mut env = Env::new().await;
+    let requester = env.user(10 * SOL).await;
+    // A look-alike Clock account, far in the future, at another address.
+    let real = env
+        .account(&solana_sdk::sysvar::clock::ID)
+        .await
+        .expect("clock");
+    let fake = Pubkey::new_unique();
+    env.ctx
+        .set_account(&fake, &AccountSharedData::from(Account { ..real }));
+    let s = spec();
+    let mut ix = client::create_job(&requester.pubkey(), 1, s, s.full_budget().unwrap());
+    ix.accounts[5].pubkey = fake;
+    assert_err(
+        env.send(&[ix], &[&requester]).await,
+        CohortError::WrongSysvar,
+    );
+}
+
+#[tokio::test]
+async fn a_fake_system_program_is_refused() {
+    let mut env = Env::new().await;
+    let node = env.user(SOL).await;
+    let mut ix = client::register_node(&node.pubkey(), terms(PRICE, 5_000), STAKE);
+    ix.accounts[2].pubkey = cohort_program::ID;
+    assert_err(
+        env.send(&[ix], &[&node]).await,
+        CohortError::WrongSystemProgram,
+    );
+}
+
+#[tokio::test]
+async fn a_prefunded_address_does_not_block_creation() {
+    let mut env = Env::new().await;
+    let node = env.user(SOL).await;
+    let addr = client::node_address(&node.pubkey());
+    let min = env.rent.minimum_balance(0);
+    env.fund(&addr, min).await;
+    env.register(&node, PRICE, 5_000, STAKE).await.unwrap();
+    let n: Node = env.state(&addr).await;
+    assert_eq!(n.stake, STAKE);
+    assert_eq!(
+        env.balance(&addr).await,
+        env.rent.minimum_balance(Node::LEN) + STAKE
+    );
+}
+
+#[tokio::test]
+async fn hole_7_a_16_seat_committee_with_quorum_9_slashes_over_several_transactions() {
+    let mut env = Env::new().await;
+    let requester = env.user(100 * SOL).await;
+    let nodes = env.nodes(17).await;
+    let mut s = spec();
+    (s.min_nodes, s.max_nodes, s.witness_count, s.quorum) = (16, 17, 16, 9);
+    let job = env
+        .create_job(&requester, 1, s, s.full_budget().unwrap())
+        .await
+        .unwrap();
+    for n in &nodes {
+        env.join(n, &job).await.unwrap();
+    }
+    let mut r = Running {
+        env,
+        requester,
+        nodes,
+        job,
+    };
+    r.env.start_epoch(&job).await.unwrap();
+    let ws = r.witnesses(0).await;
+    assert_eq!(ws.len(), 16);
+    let cheat = r.non_witness(0).await;
+    let case = client::fraud_case_address(&job, &cheat, 0);
+    r.env.track(case);
+    let burned = r.env.burned;
+    // Nine votes in three transactions of three witnesses each.
+    for (k, chunk) in ws[..9].chunks(3).enumerate() {
+        let last = r.last_member().await;
+        let ix = client::report_fraud(&job, 0, &cheat, &last, &chunk[0], chunk, [7; 32]);
+        let signers: Vec<Keypair> = chunk.iter().map(|w| r.kp(w)).collect();
+        let refs: Vec<&Keypair> = signers.iter().collect();
+        r.env.send(&[ix], &refs).await.unwrap();
+        let c: FraudCase = r.env.state(&case).await;
+        assert_eq!(c.votes as usize, 3 * (k + 1));
+        let m: Member = r.env.state(&client::member_address(&job, &cheat)).await;
+        assert_eq!(
+            m.status == MemberStatus::Slashed,
+            k == 2,
+            "after {} votes",
+            c.votes
+        );
+    }
+    let n: Node = r.env.state(&client::node_address(&cheat)).await;
+    assert_eq!(n.stake, 0);
+    assert_eq!(r.env.burned, burned + STAKE);
+    // A tenth vote finds the member already slashed.
+    let last = r.last_member().await;
+    let ix = client::report_fraud(&job, 0, &cheat, &last, &ws[9], &ws[9..10], [7; 32]);
+    let w9 = r.kp(&ws[9]);
+    assert_err(
+        r.env.send(&[ix], &[&w9]).await,
+        CohortError::NotActiveMember,
+    );
+    // The settled case gives its rent back to whoever opened it.
+    let before = r.env.balance(&ws[0]).await;
+    let rent = r.env.rent.minimum_balance(FraudCase::LEN);
+    r.env
+        .send(&[client::close_fraud_case(&ws[0], &job, &cheat, 0)], &[])
+        .await
+        .unwrap();
+    assert_eq!(r.env.balance(&ws[0]).await, before + rent);
 }

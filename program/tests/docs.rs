@@ -23,6 +23,8 @@ fn account_sizes_and_rent_in_docs_match_the_code() {
         ("Job", Job::LEN),
         ("Member", Member::LEN),
         ("Epoch", Epoch::LEN),
+        ("Requester", Requester::LEN),
+        ("FraudCase", FraudCase::LEN),
     ] {
         let want = (len, rent.minimum_balance(len));
         assert_eq!(

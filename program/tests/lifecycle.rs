@@ -69,15 +69,7 @@ async fn full_lifecycle_pays_members_refunds_requester_and_closes_everything() {
         assert_eq!(witnesses.len(), 3);
         for (v, w) in witnesses.iter().take(2).enumerate() {
             let kp = find(&nodes, w);
-            let ix = client::attest_epoch(
-                w,
-                &job,
-                &requester.pubkey(),
-                epoch,
-                [epoch as u8; 32],
-                t.root(),
-                t.total(),
-            );
+            let ix = client::attest_epoch(w, &job, epoch, [epoch as u8; 32], t.root(), t.total());
             env.send(&[ix], &[kp]).await.unwrap();
             let ep: Epoch = env.state(&client::epoch_address(&job, epoch)).await;
             assert_eq!(
@@ -91,7 +83,6 @@ async fn full_lifecycle_pays_members_refunds_requester_and_closes_everything() {
         let ix = client::attest_epoch(
             &late.pubkey(),
             &job,
-            &requester.pubkey(),
             epoch,
             [epoch as u8; 32],
             t.root(),
@@ -120,15 +111,37 @@ async fn full_lifecycle_pays_members_refunds_requester_and_closes_everything() {
     let owed: u64 = cumulative.iter().map(|(_, p)| p * PRICE / 10).sum();
     assert_eq!(j.owed, owed);
     assert_eq!(j.paid_out, owed);
+    // Finalizing paid the requester nothing; it pulls the refund itself.
+    assert_eq!(j.refunded, 0);
+    env.send(
+        &[client::withdraw(&requester.pubkey(), &job)],
+        &[&requester],
+    )
+    .await
+    .unwrap();
+    let j: Job = env.state(&job).await;
     // (10+9+8+7) of 40 node-steps per epoch were done: the rest comes back.
     assert_eq!(j.refunded, deposit - owed);
     assert_eq!(env.balance(&job).await, job_rent);
+    assert_err(
+        env.send(
+            &[client::withdraw(&requester.pubkey(), &job)],
+            &[&requester],
+        )
+        .await,
+        CohortError::NothingToWithdraw,
+    );
 
-    // Tear down: members, epochs, job, then nodes after their cooldown.
+    // Tear down: members (inside the claim window, with their proofs),
+    // epochs, job, then nodes after their cooldown.
     for m in &members {
-        env.send(&[client::close_member(&m.pubkey(), &job)], &[m])
-            .await
-            .unwrap();
+        let (points, proof) = proof_for(&cumulative, &m.pubkey());
+        env.send(
+            &[client::close_member(&m.pubkey(), &job, points, proof)],
+            &[m],
+        )
+        .await
+        .unwrap();
         assert!(
             env.account(&client::member_address(&job, &m.pubkey()))
                 .await
@@ -136,7 +149,17 @@ async fn full_lifecycle_pays_members_refunds_requester_and_closes_everything() {
         );
     }
     let payer = env.ctx.payer.pubkey();
-    for e in 0..3 {
+    // Epoch 0 is two epochs old; 1 and 2 may still be reported until the
+    // claim window ends.
+    env.send(&[client::close_epoch(&payer, &job, 0)], &[])
+        .await
+        .unwrap();
+    assert_err(
+        env.send(&[client::close_epoch(&payer, &job, 2)], &[]).await,
+        CohortError::EpochReportable,
+    );
+    env.advance(CLAIM_WINDOW_SECS);
+    for e in 1..3 {
         env.send(&[client::close_epoch(&payer, &job, e)], &[])
             .await
             .unwrap();
@@ -149,10 +172,11 @@ async fn full_lifecycle_pays_members_refunds_requester_and_closes_everything() {
     .unwrap();
     assert!(env.account(&job).await.is_none());
     let requester_after = env.balance(&requester.pubkey()).await;
+    let counter_rent = env.rent.minimum_balance(Requester::LEN);
     assert_eq!(
         requester_after,
-        requester_before - owed,
-        "requester pays exactly what members earned"
+        requester_before - owed - counter_rent,
+        "requester pays exactly what members earned (and its id counter's rent)"
     );
 
     for n in &nodes {
@@ -235,6 +259,12 @@ async fn cancel_while_open_refunds_the_whole_deposit() {
     )
     .await
     .unwrap();
+    env.send(
+        &[client::withdraw(&requester.pubkey(), &job)],
+        &[&requester],
+    )
+    .await
+    .unwrap();
     let j: Job = env.state(&job).await;
     assert_eq!((j.state, j.refunded), (JobState::Cancelled, deposit));
     env.send(
@@ -243,7 +273,10 @@ async fn cancel_while_open_refunds_the_whole_deposit() {
     )
     .await
     .unwrap();
-    assert_eq!(env.balance(&requester.pubkey()).await, before);
+    assert_eq!(
+        env.balance(&requester.pubkey()).await,
+        before - env.rent.minimum_balance(Requester::LEN)
+    );
 }
 
 #[tokio::test]
@@ -258,7 +291,7 @@ async fn an_epoch_that_misses_its_deadline_expires_the_job_without_paying_it() {
         env.join(n, &job).await.unwrap();
     }
     env.start_epoch(&job).await.unwrap();
-    let expire = client::expire_job(&job, &requester.pubkey());
+    let expire = client::expire_job(&job);
     assert_err(
         env.send(std::slice::from_ref(&expire), &[]).await,
         CohortError::DeadlineNotReached,
@@ -267,12 +300,18 @@ async fn an_epoch_that_misses_its_deadline_expires_the_job_without_paying_it() {
     // Witnesses are too late now.
     let members: Vec<&Keypair> = nodes.iter().collect();
     let w = env.witnesses(&job, 0, &members).await[0];
-    let ix = client::attest_epoch(&w, &job, &requester.pubkey(), 0, [1; 32], [2; 32], 3);
+    let ix = client::attest_epoch(&w, &job, 0, [1; 32], [2; 32], 3);
     assert_err(
         env.send(&[ix], &[find(&nodes, &w)]).await,
         CohortError::DeadlinePassed,
     );
     env.send(&[expire], &[]).await.unwrap();
+    env.send(
+        &[client::withdraw(&requester.pubkey(), &job)],
+        &[&requester],
+    )
+    .await
+    .unwrap();
     let j: Job = env.state(&job).await;
     assert_eq!(
         (j.state, j.owed, j.refunded, j.reserve),

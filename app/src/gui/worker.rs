@@ -10,7 +10,8 @@ use crate::chain::{Chain, LAMPORTS_PER_SOL, sol};
 use crate::node::{self, Earnings, Progress};
 use crate::wallet::{derive, keystore};
 use anyhow::{Context, Result, anyhow, bail};
-use cohort_program::state::{Benchmark, Job, JobState};
+use cohort_program::error::CohortError;
+use cohort_program::state::{Benchmark, Candidate, Job, may_join};
 use serde::{Deserialize, Serialize};
 use solana_sdk::pubkey::Pubkey;
 use solana_sdk::signature::{Keypair, Signer};
@@ -487,7 +488,7 @@ impl Worker {
         if let Some(why) = blocker(&j, self.attestation.as_ref(), &self.settings) {
             bail!("cannot join: {why}");
         }
-        let stake = j.spec.min_stake.max(LAMPORTS_PER_SOL / 100);
+        let stake = stake_for(&j);
         let balance = chain.balance(&me.pubkey()).await?;
         if balance < stake + 5_000_000 {
             bail!(
@@ -596,21 +597,32 @@ fn check_funds(balance: u64, lamports: u64, fee: u64) -> Result<()> {
     Ok(())
 }
 
-/// Why this machine cannot join `j`, if it cannot.
+/// Why this machine cannot join `j`, if it cannot: the program's own rule
+/// (`state::may_join`) on the node this app would register (it asks the
+/// job's price and stakes `stake_for(j)`), then the local memory cap.
 pub fn blocker(j: &Job, att: Option<&Benchmark>, s: &Settings) -> Option<String> {
-    if j.state != JobState::Open {
-        return Some(format!("the job is {:?}, not open", j.state).to_lowercase());
-    }
-    if j.member_count >= j.spec.max_nodes as u32 {
-        return Some("no slots left".into());
-    }
-    if let Some(b) = att
-        && b.fp32_gflops < j.spec.min_fp32_gflops
-    {
-        return Some(format!(
-            "needs {} fp32 GFLOPS, this machine measured {}",
-            j.spec.min_fp32_gflops, b.fp32_gflops
-        ));
+    let me = Candidate {
+        // Not benchmarked yet: the benchmark runs before joining, and
+        // `join_job` checks it then.
+        fp32_gflops: att.map_or(u32::MAX, |b| b.fp32_gflops),
+        price: j.spec.max_price,
+        stake: stake_for(j),
+        available_from: 0,
+        available_until: i64::MAX,
+        idle: true,
+    };
+    if let Err(e) = may_join(j, &me, node::unix_now()) {
+        return Some(match e {
+            CohortError::InvalidJobState => {
+                format!("the job is {:?}, not taking members", j.state).to_lowercase()
+            }
+            CohortError::JobFull => "no slots left".into(),
+            CohortError::Underpowered => format!(
+                "needs {} fp32 GFLOPS, this machine measured {}",
+                j.spec.min_fp32_gflops, me.fp32_gflops
+            ),
+            other => other.to_string(),
+        });
     }
     let need = memory_estimate_mib(j);
     if s.memory_cap_mib > 0 && need > s.memory_cap_mib as u64 {
@@ -620,6 +632,11 @@ pub fn blocker(j: &Job, att: Option<&Benchmark>, s: &Settings) -> Option<String>
         ));
     }
     None
+}
+
+/// What this app stakes to join `j`: the job's minimum, at least 0.01 SOL.
+pub fn stake_for(j: &Job) -> u64 {
+    j.spec.min_stake.max(LAMPORTS_PER_SOL / 100)
 }
 
 /// Rough training memory for a job on one member: weights, gradients,

@@ -74,8 +74,13 @@ pub struct Env {
     tracked: BTreeSet<Pubkey>,
     initial: u64,
     pub fees: u64,
+    /// Lamports sent to the incinerator (slashed stake, unclaimed pay).
+    pub burned: u64,
     pub now: i64,
 }
+
+/// The runtime burns whatever this address holds.
+pub const INCINERATOR: Pubkey = solana_program::incinerator::ID;
 
 pub fn program_test() -> ProgramTest {
     let mut pt = ProgramTest::default();
@@ -100,6 +105,7 @@ impl Env {
             tracked: BTreeSet::new(),
             initial: 0,
             fees: 0,
+            burned: 0,
             now: T0,
         };
         env.set_time(T0);
@@ -155,6 +161,7 @@ impl Env {
         let k = Keypair::new();
         self.track(k.pubkey());
         self.track(client::node_address(&k.pubkey()));
+        self.track(client::requester_address(&k.pubkey()));
         self.fund(&k.pubkey(), lamports).await;
         k
     }
@@ -184,7 +191,9 @@ impl Env {
             .await
             .unwrap()
             .unwrap_or(0);
+        let incinerated = self.balance(&INCINERATOR).await;
         let res = self.ctx.banks_client.process_transaction(tx).await;
+        self.burned += self.balance(&INCINERATOR).await - incinerated;
         let charged = match &res {
             Ok(()) => true,
             Err(BanksClientError::TransactionError(TransactionError::InstructionError(..))) => true,
@@ -199,7 +208,11 @@ impl Env {
 
     pub async fn check_invariants(&mut self) {
         let total = self.total().await;
-        assert_eq!(total + self.fees, self.initial, "lamports created or lost");
+        assert_eq!(
+            total + self.fees + self.burned,
+            self.initial,
+            "lamports created or lost"
+        );
         for k in self.tracked.clone() {
             if let Some(acc) = self.account(&k).await
                 && acc.owner == cohort_program::ID
@@ -295,10 +308,19 @@ impl Env {
         let e: Epoch = self.state(&client::epoch_address(job, epoch)).await;
         let j: Job = self.state(job).await;
         let by_index = self.members_by_index(job, candidates).await;
-        Committee::new(&e.seed, e.members_at_start, j.spec.witness_count)
+        let seated: Vec<Pubkey> = Committee::new(&e.seed, e.members_at_start, j.spec.witness_count)
             .members()
             .filter_map(|i| by_index.get(i as usize).copied().flatten())
-            .collect()
+            .collect();
+        // A member that (re)joined after the epoch started holds no seat in it.
+        let mut out = Vec::with_capacity(seated.len());
+        for k in seated {
+            let m: Member = self.state(&client::member_address(job, &k)).await;
+            if m.joined_epoch <= epoch {
+                out.push(k);
+            }
+        }
+        out
     }
 }
 

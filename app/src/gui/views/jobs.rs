@@ -3,9 +3,9 @@
 //! stake and the expected earnings.
 
 use super::{Out, heading, short};
-use crate::chain::{LAMPORTS_PER_SOL, sol};
+use crate::chain::sol;
 use crate::gui::model::Model;
-use crate::gui::worker::{Command, JobRow};
+use crate::gui::worker::{Command, JobRow, stake_for};
 use eframe::egui;
 use solana_sdk::pubkey::Pubkey;
 
@@ -124,7 +124,7 @@ fn confirm(ui: &mut egui::Ui, model: &mut Model, f: &mut Form, out: &mut Out) {
         return;
     };
     let j = &r.job;
-    let stake = j.spec.min_stake.max(LAMPORTS_PER_SOL / 100);
+    let stake = stake_for(j);
     let left = j.spec.epochs.saturating_sub(j.epochs_finalized);
     let expected = j.spec.max_price * left as u64;
     let mut close = false;
