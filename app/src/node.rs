@@ -883,7 +883,8 @@ async fn train_epoch(
             },
             witnesses,
             adversary: o.adversary,
-            cosigner: Some(fraud::cosigner(*job)),
+            // Each witness votes on chain by itself (see `fraud`).
+            cosigner: None,
         },
     };
     say(
@@ -908,29 +909,28 @@ async fn train_epoch(
             s.engine
         }
     };
-    // Reports this node leads go to a task of their own, so training never
-    // waits on the chain.
+    // This witness's fraud votes go to a task of their own, so training
+    // never waits on the chain; the epoch ends only once they are sent.
     let (cases, mut case_rx) = tokio::sync::mpsc::unbounded_channel::<fraud::Case>();
     let (control, control_rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut voted_against = std::collections::BTreeSet::new();
     let reporter = async {
         while let Some(case) = case_rx.recv().await {
-            // A busy chain or a slow co-signer can outlive a blockhash:
-            // build and gather again.
             let mut outcome = Err(anyhow!("not sent"));
             for _ in 0..3 {
-                outcome = fraud::report(chain, me, job, e, members, quorum, &case, &control).await;
+                outcome = fraud::vote(chain, me, job, e, members, &case).await;
                 if outcome.is_ok() {
                     break;
                 }
             }
-            // The node stays up for an open report; this one is over.
-            let _ = control.send(Control::Settled {
-                member: case.accused,
-            });
             let line = match outcome {
-                Ok(sig) => format!(
-                    "reported member {} on chain with {} witnesses: slashed ({sig})",
-                    case.accused, quorum
+                Ok(fraud::Voted::Slashed) => format!(
+                    "reported member {} on chain: a quorum of {quorum} witnesses voted, slashed",
+                    case.accused
+                ),
+                Ok(fraud::Voted::Recorded) => format!(
+                    "voted against member {} on chain (a quorum of {quorum} slashes)",
+                    case.accused
                 ),
                 Err(err) => format!("could not report member {}: {err:#}", case.accused),
             };
@@ -1010,13 +1010,16 @@ async fn train_epoch(
                             r.member, r.step
                         ),
                     );
+                    if voted_against.insert(r.member) {
+                        let _ = cases.send(fraud::Case {
+                            accused: r.member,
+                            evidence: r.evidence,
+                        });
+                    }
                 }
             }
             NodeEvent::Slashed {
-                member,
-                witnesses,
-                evidence,
-                ..
+                member, witnesses, ..
             } => {
                 say(
                     report,
@@ -1025,13 +1028,9 @@ async fn train_epoch(
                         "member {member} convicted by witnesses {witnesses:?}: dropped from the job"
                     ),
                 );
-                if witnesses.first() == Some(&index) {
-                    let _ = cases.send(fraud::Case {
-                        accused: *member,
-                        witnesses: witnesses.clone(),
-                        evidence: *evidence,
-                    });
-                }
+                // Votes go on chain one by one, so the node need not stay
+                // up as the lead of a co-signed report.
+                let _ = control.send(Control::Settled { member: *member });
             }
             _ => {}
         })

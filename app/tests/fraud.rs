@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 
 /// A cheating node joins a job with three honest ones: first a free-rider
 /// (sends garbage, computes nothing), then, in a fresh job, a sign-flipper.
-/// The witnesses' audits fail it, the first accuser gathers a quorum's
-/// co-signatures over libp2p and sends `report_fraud`: its stake goes to
-/// the job, it stops, and the honest nodes finish and are paid. One after
+/// The witnesses' audits fail it, each of them votes `report_fraud` on
+/// chain, and a quorum of votes slashes it: its stake is burned, it stops,
+/// and the honest nodes finish and are paid. One after
 /// the other: two jobs at once would crowd the two cores.
 #[test]
 fn cheats_are_audited_reported_on_chain_and_slashed() {
@@ -86,15 +86,17 @@ fn cheat_run(mode: &str) {
     assert!(slashed.contains(&job), "{slashed}");
     let mut cheat = cheat;
     assert!(!cheat.child.wait().unwrap().success());
-    let reported: Vec<String> = honest
+    // Each witness whose audit failed votes on chain by itself; the vote
+    // that completes the quorum slashes (a later one finds it slashed).
+    let logs: Vec<String> = honest.iter().flat_map(|n| n.log()).collect();
+    let slashing = logs
         .iter()
-        .flat_map(|n| n.log())
-        .filter(|l| l.contains("reported member 3 on chain"))
-        .collect();
-    assert_eq!(
-        reported.len(),
-        1,
-        "{mode}: one report, by the first accuser"
+        .filter(|l| l.contains("reported member 3 on chain") && l.contains("slashed"))
+        .count();
+    assert!(slashing >= 1, "{mode}: no vote slashed member 3: {logs:#?}");
+    assert!(
+        !logs.iter().any(|l| l.contains("could not report")),
+        "{mode}: {logs:#?}"
     );
     let t = Instant::now();
     while !honest
@@ -116,7 +118,7 @@ fn cheat_run(mode: &str) {
     let (_, claimed) = same_models_all_paid(&done);
     let status = ok(&cohort(&h, &["job", "status", &job, "--url", &url]));
     assert!(field(&status, "state").contains("Completed"), "{status}");
-    // The cheat's 0.01 SOL stake was taken and went back to the requester.
+    // The cheat's 0.01 SOL stake was taken and burned.
     assert!(
         field(&status, "slashed").contains("10000000 lamports"),
         "{status}"

@@ -1653,6 +1653,10 @@ impl Net {
         if witnesses.len() >= quorum && !self.machine.is_slashed(a.accused) {
             self.machine.slash(a.accused);
             self.stats.slashed.insert(a.accused);
+            // Its open audits are moot now: nobody waits for them.
+            let accused = a.accused;
+            self.auditing.retain(|(_, m)| *m != accused);
+            self.reveals.retain(|(_, m), _| *m != accused);
             // Only the first `quorum` accusers sign the report; the first
             // of them sends it.
             let signers = &witnesses[..quorum];
