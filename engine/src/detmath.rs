@@ -11,8 +11,11 @@
 
 /// π/2 split in three (the fdlibm split): `k × PIO2_1` is exact for the
 /// `|k| < 2^20` this code reduces by, so the reduced argument keeps its bits.
+#[allow(clippy::excessive_precision)] // the published split, digit for digit
 const PIO2_1: f64 = 1.570_796_326_734_125_614_17e0;
+#[allow(clippy::excessive_precision)] // the published split, digit for digit
 const PIO2_2: f64 = 6.077_100_506_303_965_976_6e-11;
+#[allow(clippy::excessive_precision)] // the published split, digit for digit
 const PIO2_3: f64 = 2.022_266_248_795_950_631_54e-21;
 const FRAC_2_PI: f64 = std::f64::consts::FRAC_2_PI;
 
@@ -105,6 +108,7 @@ pub fn ln(x: f64) -> f64 {
     }
     let ln_m = 2.0 * s * p;
     // ln 2 split so `e × LN2_HI` is exact for every exponent.
+    #[allow(clippy::excessive_precision)]
     const LN2_HI: f64 = 6.931_471_803_691_238_164_9e-1;
     const LN2_LO: f64 = 1.908_214_929_270_587_7e-10;
     let e = e as f64;
