@@ -351,13 +351,8 @@ pub async fn next_id(chain: &Chain, requester: &Pubkey) -> Result<u64> {
     Ok(ids.map_or(0, |r| r.next_job_id))
 }
 
-/// Cancels an open or running job and withdraws what it no longer owes or
-/// reserves (one transaction); returns the lamports refunded.
-pub async fn cancel(
-    chain: &Chain,
-    who: &solana_sdk::signature::Keypair,
-    job: &Pubkey,
-) -> Result<u64> {
+/// The job at `job`, which `who` must have posted.
+async fn own_job(chain: &Chain, who: &solana_sdk::signature::Keypair, job: &Pubkey) -> Result<Job> {
     let j: Job = chain.must(job, "job").await?;
     if j.requester != who.pubkey() {
         bail!(
@@ -366,6 +361,17 @@ pub async fn cancel(
             who.pubkey()
         );
     }
+    Ok(j)
+}
+
+/// Cancels an open or running job and withdraws what it no longer owes or
+/// reserves (one transaction); returns the lamports refunded.
+pub async fn cancel(
+    chain: &Chain,
+    who: &solana_sdk::signature::Keypair,
+    job: &Pubkey,
+) -> Result<u64> {
+    let j = own_job(chain, who, job).await?;
     if j.state.is_terminal() {
         bail!("job {job} has already ended ({:?})", j.state);
     }
@@ -388,14 +394,7 @@ pub async fn withdraw(
     who: &solana_sdk::signature::Keypair,
     job: &Pubkey,
 ) -> Result<u64> {
-    let j: Job = chain.must(job, "job").await?;
-    if j.requester != who.pubkey() {
-        bail!(
-            "job {job} belongs to {}, not to {}",
-            j.requester,
-            who.pubkey()
-        );
-    }
+    let j = own_job(chain, who, job).await?;
     if !j.state.is_terminal() {
         bail!(
             "job {job} is still {:?}: its deposit funds the epochs to come",
