@@ -178,6 +178,7 @@ impl SpecFile {
         let mut spec = JobSpec {
             model_hash: model.config_hash(),
             arch: [0; 64],
+            recipe_hash: [0; 32],
             dataset_id,
             global_batch: self
                 .batch
@@ -199,6 +200,10 @@ impl SpecFile {
             audit_rate_bp: (self.audit_rate * 100.0).round() as u16,
         };
         spec.set_arch(&model.arch());
+        // The job commits to how this build trains it; members on another
+        // build refuse it (`recipe::check`).
+        let train = cohort_engine::recipe::for_job(&spec).context("job recipe")?;
+        spec.recipe_hash = cohort_engine::recipe::hash(&train);
         spec.validate().map_err(|e| anyhow!("job spec: {e}"))?;
         spec.full_budget()
             .context("price × max-nodes × epochs overflows")?;

@@ -18,15 +18,13 @@ use cohort_engine::audit::AuditConfig;
 use cohort_engine::backend::{self, BackendChoice};
 use cohort_engine::data::Corpus;
 use cohort_engine::ledger::ContributionLedger;
-use cohort_engine::model::ModelConfig;
 use cohort_engine::net::node::{self as p2p, Control, Defence, NodeConfig, NodeEvent};
 use cohort_engine::net::shaper::Link;
 use cohort_engine::net::step::Timing;
 use cohort_engine::net::swarm;
-use cohort_engine::trainer::TrainConfig;
+use cohort_engine::recipe;
 use cohort_program::client;
 use cohort_program::instruction::NodeTerms;
-use cohort_program::schedule::Committee;
 use cohort_program::state::{
     Benchmark, Candidate, Epoch, Job, JobState, Member, MemberStatus, Node, may_join,
 };
@@ -179,9 +177,28 @@ struct Local {
     #[serde(default)]
     settled: BTreeMap<u32, BTreeMap<String, u64>>,
     model_hash: BTreeMap<u32, String>,
+    /// Epochs skipped on chain, whose points were dropped.
+    #[serde(default)]
+    skipped: std::collections::BTreeSet<u32>,
 }
 
 impl Local {
+    /// Forgets epoch `e`'s contributions: it was skipped, so the points
+    /// table goes back to what the last epoch before it ended with.
+    fn drop_epoch(&mut self, e: u32, steps_per_epoch: u32) {
+        let from = e.saturating_mul(steps_per_epoch);
+        let to = from.saturating_add(steps_per_epoch);
+        self.contributors.retain(|s, _| !(from..to).contains(s));
+        self.settled.remove(&e);
+        self.points = self
+            .settled
+            .range(..e)
+            .next_back()
+            .map(|(_, t)| t.clone())
+            .unwrap_or_default();
+        self.skipped.insert(e);
+    }
+
     fn path(dir: &Path) -> PathBuf {
         dir.join("state.json")
     }
@@ -248,11 +265,7 @@ pub async fn earnings(chain: &Chain, me: &Pubkey, job: &Pubkey, data: &Path) -> 
         .await?
     {
         out.claimed = m.claimed;
-        if let Some(table) = j
-            .epochs_finalized
-            .checked_sub(1)
-            .and_then(|e| local.settled.get(&e))
-        {
+        if let Some(table) = j.latest_finalized().and_then(|e| local.settled.get(&e)) {
             let p = table.get(&key).copied().unwrap_or(0);
             out.claimable = j.points_value(p).unwrap_or(0).saturating_sub(m.claimed);
         }
@@ -265,7 +278,7 @@ pub async fn earnings(chain: &Chain, me: &Pubkey, job: &Pubkey, data: &Path) -> 
 pub async fn claim_now(chain: &Chain, me: &Keypair, job: &Pubkey, data: &Path) -> Result<u64> {
     let pk = me.pubkey();
     let j: Job = chain.must(job, "job").await?;
-    let Some(last) = j.epochs_finalized.checked_sub(1) else {
+    let Some(last) = j.latest_finalized() else {
         bail!("nothing to claim yet: no epoch of this job has been attested");
     };
     let local = Local::load(&data.join(job.to_string()))?;
@@ -540,6 +553,8 @@ pub async fn run_with(
         Some(j) => j,
         None => find_job(chain, &pk, report).await?,
     };
+    let spec = chain.must::<Job>(&job, "job").await?.spec;
+    recipe::check(&spec).with_context(|| format!("cannot train job {job}"))?;
     let member_addr = client::member_address(&job, &pk);
     if chain.state::<Member>(&member_addr).await?.is_none() {
         chain
@@ -585,8 +600,27 @@ pub async fn run_with(
             break;
         }
         let started = j.epochs_started;
+        // A skipped epoch's points are worth nothing: the ledger drops them
+        // before the next epoch counts on top (its witnesses attest totals).
+        if let Some(e) = started.checked_sub(1)
+            && !local.skipped.contains(&e)
+            && j.epochs_closed() == started
+            && j.latest_finalized() != Some(e)
+            && chain
+                .state::<Epoch>(&client::epoch_address(&job, e))
+                .await?
+                .is_some_and(|ep| ep.skipped)
+        {
+            local.drop_epoch(e, j.spec.steps_per_epoch);
+            local.save(&dir)?;
+            say(
+                report,
+                &pk,
+                format!("epoch {e} timed out unattested: skipped, nobody is paid for it"),
+            );
+        }
         let due =
-            j.state == JobState::Open || (j.epochs_finalized == started && started < j.spec.epochs);
+            j.state == JobState::Open || (j.epochs_closed() == started && started < j.spec.epochs);
         if due {
             if j.member_count >= j.members_to_start() {
                 // One member cranks; the others step in if it has not after a while.
@@ -619,6 +653,26 @@ pub async fn run_with(
         }
         let e = started - 1;
         let epoch: Epoch = chain.must(&client::epoch_address(&job, e), "epoch").await?;
+        if !epoch.sealed {
+            // Every member tries; the first seal wins and the rest are
+            // refused harmlessly, so no refusal here is news.
+            if let Err(err) = seal(chain, me, &job, &j, &epoch).await {
+                tracing::debug!("seal_epoch {e}: {err:#}");
+            }
+            tokio::time::sleep(POLL).await;
+            continue;
+        }
+        if !epoch.finalized && unix_now() > epoch.deadline {
+            // No quorum in time: the epoch is skipped (unpaid) so the job goes on.
+            if let Err(err) = chain
+                .send("skip_epoch", &[client::skip_epoch(&job, e)], me, &[])
+                .await
+            {
+                tracing::debug!("skip_epoch {e}: {err:#}");
+            }
+            tokio::time::sleep(POLL).await;
+            continue;
+        }
         let members = match &epoch_members {
             Some((at, m)) if *at == e => m.clone(),
             _ => {
@@ -656,39 +710,36 @@ pub async fn run_with(
             local.save(&dir)?;
             out.epochs_trained += 1;
         }
-        if !epoch.finalized {
-            let committee =
-                Committee::new(&epoch.seed, epoch.members_at_start, j.spec.witness_count);
-            if let Some(seat) = committee.seat_of(index as u32)
-                && epoch.voted_mask & (1 << seat) == 0
-            {
-                let model_hash = parse_hex(
-                    local
-                        .model_hash
-                        .get(&e)
-                        .context("no model hash for the epoch")?,
-                )?;
-                let att = local
-                    .ledger()?
-                    .attestation(&cohort_program::ID, &job, e, model_hash)?;
-                let ix = client::attest_epoch(&pk, &job, e, model_hash, att.root, att.total_points);
-                match chain.send("attest_epoch", &[ix], me, &[]).await {
-                    Ok(_) => {
-                        out.attested.push(e);
-                        say(
-                            report,
-                            &pk,
-                            format!(
-                                "attested epoch {e} as witness seat {seat}: model {}, {} points",
-                                &hex(&model_hash)[..16],
-                                att.total_points
-                            ),
-                        );
-                    }
-                    // A quorum may have finalized it meanwhile: the next
-                    // read of the epoch says so, and nothing is resent then.
-                    Err(err) => say(report, &pk, format!("attest_epoch {e}: {err}")),
+        if !epoch.finalized
+            && let Some(seat) = epoch.seat_of(&pk)
+            && epoch.voted_mask & (1 << seat) == 0
+        {
+            let model_hash = parse_hex(
+                local
+                    .model_hash
+                    .get(&e)
+                    .context("no model hash for the epoch")?,
+            )?;
+            let att = local
+                .ledger()?
+                .attestation(&cohort_program::ID, &job, e, model_hash)?;
+            let ix = client::attest_epoch(&pk, &job, e, model_hash, att.root, att.total_points);
+            match chain.send("attest_epoch", &[ix], me, &[]).await {
+                Ok(_) => {
+                    out.attested.push(e);
+                    say(
+                        report,
+                        &pk,
+                        format!(
+                            "attested epoch {e} as witness seat {seat}: model {}, {} points",
+                            &hex(&model_hash)[..16],
+                            att.total_points
+                        ),
+                    );
                 }
+                // A quorum may have finalized it meanwhile: the next
+                // read of the epoch says so, and nothing is resent then.
+                Err(err) => say(report, &pk, format!("attest_epoch {e}: {err}")),
             }
         }
         tokio::time::sleep(POLL).await;
@@ -763,8 +814,25 @@ async fn find_job(chain: &Chain, pk: &Pubkey, report: Report<'_>) -> Result<Pubk
         let now = unix_now();
         let mut jobs = chain.all::<Job>().await?;
         jobs.sort_by_key(|(_, j)| j.created_at);
-        if let Some((k, _)) = jobs.iter().find(|(_, j)| may_join(j, &me, now).is_ok()) {
-            return Ok(*k);
+        // The program's rule, then this build's: a job whose training
+        // recipe this build does not train is not one it can join.
+        let open = jobs.iter().filter(|(_, j)| may_join(j, &me, now).is_ok());
+        let mut other_builds = 0;
+        for (k, j) in open {
+            match recipe::check(&j.spec) {
+                Ok(_) => return Ok(*k),
+                Err(_) => other_builds += 1,
+            }
+        }
+        if other_builds > 0 && !said {
+            say(
+                report,
+                pk,
+                format!(
+                    "{other_builds} open job(s) train with a recipe this build does not: \
+                     they need another Cohort version"
+                ),
+            );
         }
         if !said {
             say(
@@ -783,6 +851,42 @@ pub fn unix_now() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() as i64)
+}
+
+/// Sends `seal_epoch` for the open epoch once its seal slot has a hash,
+/// naming the member the program will draw at each seat.
+pub async fn seal(chain: &Chain, me: &Keypair, job: &Pubkey, j: &Job, epoch: &Epoch) -> Result<()> {
+    let hashes = chain
+        .data(&solana_sdk::sysvar::slot_hashes::ID)
+        .await?
+        .context("the chain has no SlotHashes sysvar")?;
+    let Some(seats) = client::committee_to_seal(&hashes, job, j, epoch) else {
+        bail!("the seal slot has no hash yet");
+    };
+    let mut by_index = BTreeMap::new();
+    for (_, m) in chain.all::<Member>().await? {
+        if m.job == *job && m.status == MemberStatus::Active {
+            by_index.insert(m.index, m.node);
+        }
+    }
+    let owners = seats
+        .iter()
+        .map(|i| {
+            by_index
+                .get(i)
+                .copied()
+                .with_context(|| format!("no active member at index {i}"))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    chain
+        .send(
+            "seal_epoch",
+            &[client::seal_epoch(job, epoch.index, &owners)],
+            me,
+            &[],
+        )
+        .await?;
+    Ok(())
 }
 
 /// The epoch's members by index (the P2P layer's member order).
@@ -829,13 +933,7 @@ async fn train_epoch(
         bail!("job {job} trains on a dataset this node does not have");
     }
     let spe = j.spec.steps_per_epoch;
-    let mut train = TrainConfig::small(j.spec.epochs * spe);
-    train.model = ModelConfig::parse(&j.spec.arch_str()).map_err(|e| anyhow!("job model: {e}"))?;
-    if train.model.config_hash() != j.spec.model_hash {
-        bail!("job {job}: its model hash does not match its architecture");
-    }
-    train.batch = (j.spec.global_batch / j.spec.max_nodes.max(1) as u32).max(1) as usize;
-    train.micro_batch = train.batch;
+    let train = recipe::check(&j.spec).with_context(|| format!("job {job}"))?;
     let addr = |i: usize| format!("/ip4/{}/tcp/{}", o.p2p_host, o.p2p_port as usize + i);
     let mut bootstrap = Vec::new();
     for (i, m) in members.iter().enumerate() {
@@ -846,10 +944,12 @@ async fn train_epoch(
         bootstrap.push(format!("{}/p2p/{id}", addr(i)).parse()?);
     }
     let job_bytes = job.to_bytes();
-    // The epoch's witnesses audit; a quorum of their accusations slashes.
-    let committee = Committee::new(&epoch.seed, epoch.members_at_start, j.spec.witness_count);
-    let witnesses: Vec<u32> = (0..members.len() as u32)
-        .filter(|i| committee.seat_of(*i).is_some())
+    // The epoch's witnesses (seated by key at the seal) audit; a quorum of
+    // their accusations slashes.
+    let witnesses: Vec<u32> = epoch
+        .seated()
+        .filter_map(|(_, w)| members.iter().position(|m| m == w))
+        .map(|i| i as u32)
         .collect();
     let quorum = j.spec.quorum as usize;
     let cfg = NodeConfig {
@@ -987,6 +1087,26 @@ async fn train_epoch(
                 report,
                 &pk,
                 format!("a better manifest for step {step} turned up: applying again from there"),
+            ),
+            NodeEvent::ForgedEntry {
+                step,
+                leader,
+                member,
+            } => say(
+                report,
+                &pk,
+                format!(
+                    "member {leader} led step {step} listing bytes under member {member}'s name \
+                     that {member} never signed: skipped, evidence against the leader"
+                ),
+            ),
+            NodeEvent::WrongStateHash { step, leader } => say(
+                report,
+                &pk,
+                format!(
+                    "member {leader} led step {step} with a state hash nobody else has: \
+                     its manifest was applied, the mismatch kept as evidence against it"
+                ),
             ),
             NodeEvent::Diverged { step } => {
                 failure.get_or_insert(anyhow!("model diverged from the job's at step {step}"));

@@ -37,6 +37,10 @@ pub enum Mode {
     /// ([`forged_momentum`]). Not in [`Mode::ALL`]: the nine modes
     /// are what the benchmark sweeps; this one tests the momentum chain.
     ForgedMomentum,
+    /// Sends honest payloads; as a step leader it states a state hash that
+    /// is not the state's and lists, under another member's name, bytes
+    /// that member never signed (network node only; not in [`Mode::ALL`]).
+    LyingLeader,
 }
 
 impl Mode {
@@ -64,13 +68,14 @@ impl Mode {
             Mode::Stale => "stale",
             Mode::EquivocatingLeader => "equivocating-leader",
             Mode::ForgedMomentum => "forged-momentum",
+            Mode::LyingLeader => "lying-leader",
         }
     }
 
     pub fn parse(s: &str) -> Option<Mode> {
         Mode::ALL
             .into_iter()
-            .chain([Mode::ForgedMomentum])
+            .chain([Mode::ForgedMomentum, Mode::LyingLeader])
             .find(|m| m.name() == s)
     }
 
@@ -129,7 +134,7 @@ pub fn forge(mode: Mode, a: &Attack) -> Payload {
     match (mode, a.own) {
         (Mode::SignFlip | Mode::ForgedMomentum, Some(own)) => map_signs(own, |_, neg| !neg),
         (Mode::Noise, Some(own)) => map_signs(own, |_, _| rng.next() & 1 == 1),
-        (Mode::Scale | Mode::EquivocatingLeader, Some(own)) => own.clone(),
+        (Mode::Scale | Mode::EquivocatingLeader | Mode::LyingLeader, Some(own)) => own.clone(),
         (Mode::Alie, _) => against_majority(a, &mut rng, false),
         (Mode::Ipm, _) => against_majority(a, &mut rng, true),
         (Mode::Copycat, _) if !a.honest.is_empty() => a.honest[rng.below(a.honest.len())].clone(),

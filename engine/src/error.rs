@@ -18,6 +18,8 @@ pub enum EngineError {
     Backend(String),
     #[error("model config: {0}")]
     Config(String),
+    #[error("contribution is not signed by the member it names")]
+    Signature,
     #[error(transparent)]
     Io(#[from] std::io::Error),
 }

@@ -24,6 +24,7 @@ pub mod net;
 pub mod optim;
 pub mod params;
 pub mod probe;
+pub mod recipe;
 pub mod wire;
 
 pub use error::EngineError;

@@ -1,6 +1,8 @@
-//! Wire format of a contribution, version 1. Little-endian; every size exact.
+//! Wire format of a contribution, version 2. Little-endian; every size exact.
 //!
 //! ```text
+//! signed       := contribution | ed25519 signature [64] by `member` over
+//!                 "cohort-contribution-v2" | contribution
 //! contribution := magic "CHC" | version u8 | job [32] | epoch u32 | step u32
 //!                 | member [32] | train_loss f32 | momentum_hash [32]
 //!                 | payload_len u32 | payload
@@ -10,13 +12,20 @@
 //!                     (index, sign) pairs, LSB-first, index_bits = ceil(log2(chunk_size))
 //! ```
 //! The receiver checks every count against its own model layout, so a payload
-//! for another shape is refused rather than misread.
+//! for another shape is refused rather than misread. Members exchange the
+//! signed form: a step leader can list bytes under a member's name only if
+//! that member signed them, so it cannot get an honest member audited (and
+//! slashed) on garbage of its own making.
 
 use crate::compress::{Layout, Payload, SparseSigns};
 use crate::error::EngineError;
 use cohort_program::codec::Reader;
+use libp2p::identity::ed25519;
 
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
+/// Bytes the signature adds to a signed contribution.
+pub const SIGNATURE_LEN: usize = 64;
+const SIGN_DOMAIN: &[u8] = b"cohort-contribution-v2";
 const MAGIC: &[u8; 3] = b"CHC";
 /// Bytes of a contribution before its payload.
 pub const HEADER_LEN: usize = 3 + 1 + 32 + 4 + 4 + 32 + 4 + 32 + 4;
@@ -169,6 +178,34 @@ impl Contribution {
         out
     }
 
+    /// The signed form members exchange (see the module docs).
+    pub fn encode_signed(&self, layout: &Layout, key: &ed25519::Keypair) -> Vec<u8> {
+        let mut out = self.encode(layout);
+        let sig = key.sign(&[SIGN_DOMAIN, &out[..]].concat());
+        out.extend_from_slice(&sig);
+        out
+    }
+
+    /// Decodes a signed contribution, refusing it unless the key it names
+    /// as `member` signed exactly these bytes (checked before decoding).
+    pub fn decode_signed(buf: &[u8], layout: &Layout) -> Result<Self, EngineError> {
+        let body_len = buf
+            .len()
+            .checked_sub(SIGNATURE_LEN)
+            .filter(|n| *n >= 3 + 1 + 32 + 4 + 4 + 32)
+            .ok_or_else(|| EngineError::Malformed("too short to be signed".into()))?;
+        let (body, sig) = buf.split_at(body_len);
+        let member: [u8; 32] = body[3 + 1 + 32 + 4 + 4..3 + 1 + 32 + 4 + 4 + 32]
+            .try_into()
+            .map_err(|_| EngineError::Malformed("member".into()))?;
+        let key =
+            ed25519::PublicKey::try_from_bytes(&member).map_err(|_| EngineError::Signature)?;
+        if !key.verify(&[SIGN_DOMAIN, body].concat(), sig) {
+            return Err(EngineError::Signature);
+        }
+        Self::decode(body, layout)
+    }
+
     pub fn decode(buf: &[u8], layout: &Layout) -> Result<Self, EngineError> {
         let mut c = Reader::new(buf);
         if c.bytes(3)? != MAGIC {
@@ -278,10 +315,10 @@ mod tests {
     fn wrong_version_is_refused() {
         let (layout, c) = sample();
         let mut bytes = c.encode(&layout);
-        bytes[3] = 2;
+        bytes[3] = 1;
         assert!(matches!(
             Contribution::decode(&bytes, &layout),
-            Err(EngineError::Version { found: 2, .. })
+            Err(EngineError::Version { found: 1, .. })
         ));
     }
 
@@ -303,5 +340,34 @@ mod tests {
         let layout = Layout::new(&[vec![64, 64]], &CompressConfig::default());
         // 2 (count) + 4 + 2 + 1 (per-parameter header) + 4 * 13 bits = 7 bytes.
         assert_eq!(payload_len(&layout), 2 + 7 + 7);
+    }
+
+    #[test]
+    fn a_signed_contribution_opens_only_with_its_member_s_signature() {
+        let (layout, c) = sample();
+        let key = ed25519::Keypair::generate();
+        let mut c = c;
+        c.member = key.public().to_bytes();
+        let bytes = c.encode_signed(&layout, &key);
+        assert_eq!(Contribution::decode_signed(&bytes, &layout).unwrap(), c);
+        // Any byte changed, or the same bytes under another member's name,
+        // and the signature no longer opens.
+        for at in [10, HEADER_LEN + 3, bytes.len() - 1] {
+            let mut bad = bytes.clone();
+            bad[at] ^= 1;
+            assert!(
+                Contribution::decode_signed(&bad, &layout).is_err(),
+                "byte {at}"
+            );
+        }
+        let other = ed25519::Keypair::generate();
+        let mut forged = c.clone();
+        forged.member = other.public().to_bytes();
+        let mut under_other_name = forged.encode(&layout);
+        under_other_name.extend_from_slice(&bytes[bytes.len() - SIGNATURE_LEN..]);
+        assert!(matches!(
+            Contribution::decode_signed(&under_other_name, &layout),
+            Err(EngineError::Signature)
+        ));
     }
 }

@@ -393,6 +393,81 @@ fn audited_run(mode: &str) {
     }
 }
 
+/// A member that, whenever it leads a step, states a state hash that is not
+/// the state's and lists a payload it altered under another member's name:
+/// every honest node skips the forged entry (nobody audits, let alone
+/// accuses, the member it names), records the leader as the culprit of both,
+/// and none concludes that it diverged (that takes more leaders than could
+/// be faulty).
+#[test]
+fn a_lying_leader_gets_no_honest_member_accused_and_no_honest_node_failed() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let (n, steps, liar) = (3, 12, 2);
+    let ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
+    let mut peers: Vec<Peer> = (0..n)
+        .map(|i| {
+            let mut c = peer_cmd("lying-leader", i, n, steps, &ports);
+            c.args(["--witnesses", "0,1,2", "--quorum", "2"]);
+            if i == liar {
+                c.args(["--adversary", "lying-leader"]);
+            }
+            Peer::spawn(&mut c)
+        })
+        .collect();
+    let done: Vec<String> = peers
+        .iter_mut()
+        .map(|p| p.finish(Duration::from_secs(120)))
+        .collect();
+    // The honest members end bit-identical, every step applied (the liar's
+    // own history may part from theirs: it applied what it did not sign).
+    let finals: Vec<&str> = done[..liar]
+        .iter()
+        .map(|d| field(d, "hash").unwrap())
+        .collect();
+    assert!(finals.iter().all(|h| *h == finals[0]), "{finals:?}");
+    for (i, d) in done[..liar].iter().enumerate() {
+        assert_eq!(
+            field(d, "applied"),
+            Some(&*steps.to_string()),
+            "member {i}: {d}"
+        );
+        assert!(d.contains(r#""slashed":[]"#), "member {i}: {d}");
+    }
+    for p in &peers[..liar] {
+        let lines = p.lines();
+        assert!(
+            !lines.iter().any(|l| l.contains(r#""event":"diverged""#)),
+            "an honest node concluded it diverged: {lines:#?}"
+        );
+        let of = |event: &str| -> Vec<&String> {
+            lines
+                .iter()
+                .filter(|l| l.contains(&format!(r#""event":"{event}""#)))
+                .collect()
+        };
+        let wrong = of("wrong_state_hash");
+        let forged = of("forged_entry");
+        assert!(
+            !wrong.is_empty() && !forged.is_empty(),
+            "the liar led no step the node checked"
+        );
+        for l in wrong.iter().chain(&forged) {
+            assert_eq!(
+                field(l, "leader"),
+                Some("2"),
+                "an honest leader was blamed: {l}"
+            );
+        }
+        // No audit failed any honest member, forged entry or not.
+        for l in of("audited") {
+            if field(l, "member") != Some("2") {
+                assert_eq!(field(l, "passed"), Some("true"), "{l}");
+            }
+        }
+    }
+    assert!(assert_agree(&peers[..liar].iter().collect::<Vec<_>>()) > 0);
+}
+
 /// Honest members computing differently (one rayon thread, two threads,
 /// and wgpu where an adapter exists), every contribution audited by the
 /// two other witnesses with the momentum chain, for 30 steps: no audit
@@ -549,9 +624,14 @@ fn two_nodes_train_across_network_namespaces() {
 /// Two honest peers and an attacker on the gossip topic. The attacker
 /// publishes `make(captured honest message)` repeatedly; both honest
 /// peers must finish with equal hashes and count the drops as `expect`.
-fn hostile(expect: Drop, make: fn(&[u8]) -> Vec<u8>) {
+/// Two honest peers train while an outsider publishes `make(captured)`
+/// every 100 ms; when `probe` it also asks them for snapshots and momenta,
+/// which they must refuse. Every drop in `expect` must be counted.
+fn hostile(expect: &[Drop], make: fn(&[u8]) -> Vec<u8>, probe: bool) {
+    use cohort_engine::net::msg::{Request, Response};
+    use libp2p::request_response;
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let job = format!("hostile-{}", expect.name());
+    let job = format!("hostile-{}", expect[0].name());
     let steps = 20;
     let ports = [free_port(), free_port()];
     let mut honest: Vec<Peer> = (0..2)
@@ -569,6 +649,8 @@ fn hostile(expect: Drop, make: fn(&[u8]) -> Vec<u8>) {
         let mut redial = true;
         let mut captured: Option<Vec<u8>> = None;
         let mut sent = 0u32;
+        let mut connected = std::collections::BTreeSet::new();
+        let mut answers: Vec<Response> = Vec::new();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
         let mut tick = tokio::time::interval(Duration::from_millis(100));
         loop {
@@ -576,6 +658,16 @@ fn hostile(expect: Drop, make: fn(&[u8]) -> Vec<u8>) {
                 ev = sw.select_next_some() => {
                     if let SwarmEvent::OutgoingConnectionError { .. } = ev {
                         redial = true;
+                    }
+                    if let SwarmEvent::ConnectionEstablished { peer_id, .. } = ev {
+                        connected.insert(peer_id);
+                    }
+                    if let SwarmEvent::Behaviour(swarm::BehaviourEvent::Blobs(
+                        request_response::Event::Message {
+                            message: request_response::Message::Response { response, .. }, ..
+                        })) = &ev
+                    {
+                        answers.push(response.clone());
                     }
                     if let SwarmEvent::Behaviour(swarm::BehaviourEvent::Gossip(
                         gossipsub::Event::Message { message, .. })) = ev
@@ -594,6 +686,17 @@ fn hostile(expect: Drop, make: fn(&[u8]) -> Vec<u8>) {
                     {
                         sent += 1;
                     }
+                    if probe {
+                        for p in &connected {
+                            for req in [
+                                Request::Snapshot { step: 0, offset: 0 },
+                                Request::Momentum { step: 1, offset: 0 },
+                                Request::Cosign(vec![1, 2, 3]),
+                            ] {
+                                sw.behaviour_mut().blobs.send_request(p, req);
+                            }
+                        }
+                    }
                     let finished = honest.iter().all(|p| p.lines().iter().any(|l| l.contains(r#""event":"done""#)));
                     if finished || tokio::time::Instant::now() > deadline {
                         break;
@@ -601,9 +704,21 @@ fn hostile(expect: Drop, make: fn(&[u8]) -> Vec<u8>) {
                 }
             }
         }
-        sent
+        (sent, answers)
     });
+    let (sent, answers) = sent;
     assert!(sent > 0, "the attacker never got a message out");
+    if probe {
+        assert!(
+            !answers.is_empty(),
+            "no member answered the outsider at all"
+        );
+        assert!(
+            answers.iter().all(|a| *a == Response::NotFound),
+            "a member served an outsider: {:?}",
+            answers.iter().find(|a| **a != Response::NotFound)
+        );
+    }
     let done: Vec<String> = honest
         .iter_mut()
         .map(|p| p.finish(Duration::from_secs(60)))
@@ -613,91 +728,126 @@ fn hostile(expect: Drop, make: fn(&[u8]) -> Vec<u8>) {
         done.iter()
             .all(|d| field(d, "applied") == Some(&steps.to_string()))
     );
-    let counted: u64 = done
-        .iter()
-        .map(|d| field(d, expect.name()).unwrap().parse::<u64>().unwrap())
-        .sum();
-    assert!(
-        counted > 0,
-        "no `{}` drops counted: {done:?}",
-        expect.name()
-    );
+    for d in expect {
+        let counted: u64 = done
+            .iter()
+            .map(|l| field(l, d.name()).unwrap().parse::<u64>().unwrap())
+            .sum();
+        assert!(counted > 0, "no `{}` drops counted: {done:?}", d.name());
+    }
     assert_eq!(assert_agree(&[&honest[0], &honest[1]]), steps as usize);
 }
 
 #[test]
 fn oversized_messages_are_dropped_and_counted() {
-    hostile(Drop::Oversized, |c| {
-        // Over our limit, under gossipsub's own 64 KiB cap, so it arrives.
-        let mut m = c.to_vec();
-        m.resize(msg::MAX_GOSSIP + 1024, 0x55);
-        m
-    });
+    hostile(
+        &[Drop::Oversized],
+        |c| {
+            // Over our limit, under gossipsub's own 64 KiB cap, so it arrives.
+            let mut m = c.to_vec();
+            m.resize(msg::MAX_GOSSIP + 1024, 0x55);
+            m
+        },
+        false,
+    );
 }
 
 #[test]
 fn truncated_messages_are_dropped_and_counted() {
-    hostile(Drop::Malformed, |c| c[..c.len() / 2].to_vec());
+    hostile(&[Drop::Malformed], |c| c[..c.len() / 2].to_vec(), false);
 }
 
 #[test]
 fn unsigned_messages_are_dropped_and_counted() {
-    hostile(Drop::BadSignature, |c| {
-        let mut m = c.to_vec();
-        let n = m.len();
-        m[n - 64..].fill(0);
-        m
-    });
+    hostile(
+        &[Drop::BadSignature],
+        |c| {
+            let mut m = c.to_vec();
+            let n = m.len();
+            m[n - 64..].fill(0);
+            m
+        },
+        false,
+    );
 }
 
 #[test]
 fn replayed_messages_are_dropped_and_counted() {
-    hostile(Drop::Replayed, |c| c.to_vec());
+    hostile(&[Drop::Replayed], |c| c.to_vec(), false);
 }
 
 #[test]
-fn messages_for_another_job_or_an_earlier_epoch_are_dropped_and_counted() {
-    // Signed by a real member of the job, but for another job, or a
-    // heartbeat replayed from an earlier epoch that claims the member is
-    // done (receivers hold no sequence numbers from that epoch).
-    hostile(Drop::WrongJob, |c| {
-        static SENT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let replay = SENT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 2 == 1;
-        // The replay speaks for member 1, so member 0 is the one it targets.
-        let member = u32::from(replay);
-        let (secret, _) = local_member(member as usize);
-        let job = match msg::open(c) {
-            Ok(s) if replay => *s.body.job(),
-            _ => local_job("some-other-job"),
-        };
-        let hb = Heartbeat {
-            job,
-            epoch: if replay { 7 } else { 0 },
-            member,
-            seq: u64::MAX,
-            ready_from: 0,
-            applied: u32::MAX,
-            auditing: 0,
-        };
-        msg::sign(&Body::Heartbeat(hb), &msg::keypair(&secret))
-    });
+fn messages_for_another_job_an_earlier_epoch_or_a_far_future_step_are_dropped_and_counted() {
+    // Signed by a real member of the job, in turn: a heartbeat for another
+    // job; a heartbeat replayed from an earlier epoch that claims the
+    // member is done (receivers hold no sequence numbers from that epoch);
+    // an announcement for a step far past the window (a flood of them must
+    // create no state and no fetches).
+    hostile(
+        &[Drop::WrongJob, Drop::OutOfWindow],
+        |c| {
+            static SENT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+            let turn = SENT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 3;
+            // The replay and the flood speak for member 1, so member 0 is
+            // the one they target.
+            let member = u32::from(turn > 0);
+            let (secret, _) = local_member(member as usize);
+            let key = msg::keypair(&secret);
+            let captured_job = msg::open(c).map(|s| *s.body.job());
+            if turn == 2 {
+                let step = 10_000 + SENT.load(std::sync::atomic::Ordering::Relaxed);
+                let a = msg::Announce {
+                    job: captured_job.unwrap_or([0; 32]),
+                    epoch: 0,
+                    step,
+                    member,
+                    payload_hash: *blake3::hash(&step.to_le_bytes()).as_bytes(),
+                    momentum_hash: [0; 32],
+                    len: 1 << 20,
+                    produced_us: 0,
+                };
+                return msg::sign(&Body::Announce(a), &key);
+            }
+            let job = match captured_job {
+                Ok(j) if turn == 1 => j,
+                _ => local_job("some-other-job"),
+            };
+            let hb = Heartbeat {
+                job,
+                epoch: if turn == 1 { 7 } else { 0 },
+                member,
+                seq: u64::MAX,
+                ready_from: 0,
+                applied: u32::MAX,
+                auditing: 0,
+            };
+            msg::sign(&Body::Heartbeat(hb), &key)
+        },
+        false,
+    );
 }
 
 #[test]
-fn messages_from_non_members_are_dropped_and_counted() {
-    hostile(Drop::NotMember, |c| {
-        let mut hb = Heartbeat {
-            job: [0; 32],
-            epoch: 0,
-            member: 0,
-            seq: u64::MAX,
-            ready_from: 0,
-            applied: 0,
-            auditing: 0,
-        };
-        if let Ok(s) = msg::open(c) {
-            hb.job = *s.body.job();
-        }
-        msg::sign(&Body::Heartbeat(hb), &msg::keypair(&[0xAA; 32]))
-    });
+fn messages_and_requests_from_non_members_are_refused_and_counted() {
+    // The outsider also asks both members for a snapshot, a momentum and a
+    // co-signature: every answer must be a refusal.
+    hostile(
+        &[Drop::NotMember],
+        |c| {
+            let mut hb = Heartbeat {
+                job: [0; 32],
+                epoch: 0,
+                member: 0,
+                seq: u64::MAX,
+                ready_from: 0,
+                applied: 0,
+                auditing: 0,
+            };
+            if let Ok(s) = msg::open(c) {
+                hb.job = *s.body.job();
+            }
+            msg::sign(&Body::Heartbeat(hb), &msg::keypair(&[0xAA; 32]))
+        },
+        true,
+    );
 }

@@ -144,9 +144,55 @@ pub fn start_epoch(cranker: &Pubkey, job: &Pubkey, index: u32) -> Instruction {
             r(system_program::ID),
             r(sysvar::rent::ID),
             r(sysvar::clock::ID),
-            r(sysvar::slot_hashes::ID),
         ],
         CohortInstruction::StartEpoch,
+    )
+}
+
+/// Seals epoch `index` with `seated`: the node owner at each seat's member
+/// index, in seat order (see `committee_to_seal`).
+pub fn seal_epoch(job: &Pubkey, index: u32, seated: &[Pubkey]) -> Instruction {
+    let mut accounts = vec![
+        r(*job),
+        w(epoch_address(job, index)),
+        r(sysvar::clock::ID),
+        r(sysvar::slot_hashes::ID),
+    ];
+    accounts.extend(seated.iter().map(|o| r(member_address(job, o))));
+    ix(accounts, CohortInstruction::SealEpoch)
+}
+
+/// The member indices a `seal_epoch` sent now must name, in seat order,
+/// from the raw `SlotHashes` data: `None` while the seal slot has no hash
+/// yet (or if it slid out of the sysvar, in which case the seal re-targets
+/// and needs no members).
+pub fn committee_to_seal(
+    slot_hashes: &[u8],
+    job_key: &Pubkey,
+    job: &Job,
+    epoch: &Epoch,
+) -> Option<Vec<u32>> {
+    match crate::schedule::seal_hash(slot_hashes, epoch.seal_slot)? {
+        crate::schedule::SealHash::Ready(h) => {
+            let n = epoch.members_at_start.min(job.member_count);
+            let (_, c) = crate::schedule::seal_committee(
+                &h,
+                job_key,
+                epoch.index,
+                n,
+                job.spec.witness_count,
+            );
+            Some(c.members().collect())
+        }
+        crate::schedule::SealHash::Expired => Some(Vec::new()),
+        crate::schedule::SealHash::TooEarly => None,
+    }
+}
+
+pub fn skip_epoch(job: &Pubkey, index: u32) -> Instruction {
+    ix(
+        vec![w(*job), w(epoch_address(job, index)), r(sysvar::clock::ID)],
+        CohortInstruction::SkipEpoch,
     )
 }
 

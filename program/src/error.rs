@@ -109,6 +109,12 @@ pub enum CohortError {
     NothingToWithdraw = 49,
     #[error("accused member did not take part in that epoch")]
     NotPresent = 50,
+    #[error("the epoch's committee is not sealed yet")]
+    EpochNotSealed = 51,
+    #[error("the epoch is already sealed")]
+    EpochSealed = 52,
+    #[error("the epoch's seal slot has no hash yet")]
+    SealTooEarly = 53,
 }
 
 impl From<CohortError> for ProgramError {
@@ -127,7 +133,7 @@ impl CohortError {
     /// Maps a `Custom` program error code back to a variant, for clients.
     pub fn from_code(code: u32) -> Option<Self> {
         use CohortError::*;
-        const ALL: [CohortError; 51] = [
+        const ALL: [CohortError; 54] = [
             InvalidInstruction,
             MissingSigner,
             WrongOwner,
@@ -179,6 +185,9 @@ impl CohortError {
             EpochReportable,
             NothingToWithdraw,
             NotPresent,
+            EpochNotSealed,
+            EpochSealed,
+            SealTooEarly,
         ];
         ALL.get(code as usize).copied()
     }

@@ -51,8 +51,14 @@ pub enum CohortInstruction {
     JoinJob,
     /// [owner (s), node (w), job (w), member (w), last member (w)]
     LeaveJob,
-    /// [cranker (s, w), job (w), epoch (w), system program, rent, clock, slot hashes]
+    /// [cranker (s, w), job (w), epoch (w), system program, rent, clock]
     StartEpoch,
+    /// [job, epoch (w), clock, slot hashes, then the member account of
+    ///  each committee seat, in seat order]. Anyone may send it.
+    SealEpoch,
+    /// [job (w), epoch (w), clock]. Anyone may send it once the open
+    /// epoch's deadline has passed unattested.
+    SkipEpoch,
     /// [witness (s), node (w), member (w), job (w), epoch (w), clock]
     AttestEpoch {
         epoch: u32,
@@ -130,6 +136,8 @@ impl CohortInstruction {
             15 => Self::CloseJob,
             16 => Self::Withdraw,
             17 => Self::CloseFraudCase,
+            18 => Self::SealEpoch,
+            19 => Self::SkipEpoch,
             _ => return Err(CodecError),
         };
         r.finish()?;
@@ -213,6 +221,12 @@ impl CohortInstruction {
             }
             Self::CloseFraudCase => {
                 w.u8(17);
+            }
+            Self::SealEpoch => {
+                w.u8(18);
+            }
+            Self::SkipEpoch => {
+                w.u8(19);
             }
         }
         w.buf

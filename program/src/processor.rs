@@ -6,7 +6,7 @@ use crate::error::CohortError;
 use crate::instruction::{CohortInstruction, NodeTerms};
 use crate::merkle::{self, Hash32};
 use crate::pda;
-use crate::schedule::{Committee, epoch_seed};
+use crate::schedule::{SEAL_DELAY_SLOTS, SealHash, seal_committee, seal_hash};
 use crate::state::*;
 use solana_program::account_info::{AccountInfo, next_account_info};
 use solana_program::clock::Clock;
@@ -61,6 +61,8 @@ pub fn process_instruction(
         CohortInstruction::CloseJob => ctx.close_job(),
         CohortInstruction::Withdraw => ctx.withdraw(),
         CohortInstruction::CloseFraudCase => ctx.close_fraud_case(),
+        CohortInstruction::SealEpoch => ctx.seal_epoch(),
+        CohortInstruction::SkipEpoch => ctx.skip_epoch(),
     }
 }
 
@@ -106,22 +108,10 @@ fn rent(ai: &AccountInfo) -> Res<Rent> {
     Rent::from_account_info(ai).map_err(|_| err(CohortError::WrongSysvar))
 }
 
-/// The newest entry of the `SlotHashes` sysvar, read in place: deserializing the
-/// whole 20 KB vector would cost more compute than the rest of the instruction.
-fn latest_slot_hash(ai: &AccountInfo) -> Res<[u8; 32]> {
+/// The `SlotHashes` sysvar's raw data, checked to be that sysvar.
+fn slot_hashes<'a>(ai: &'a AccountInfo) -> Res<std::cell::Ref<'a, &'a mut [u8]>> {
     same(ai.key, &sysvar::slot_hashes::ID, CohortError::WrongSysvar)?;
-    let data = ai.try_borrow_data()?;
-    let count = data
-        .get(..8)
-        .map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])));
-    match (count, data.get(16..48)) {
-        (Some(n), Some(h)) if n > 0 => {
-            let mut out = [0u8; 32];
-            out.copy_from_slice(h);
-            Ok(out)
-        }
-        _ => Err(err(CohortError::WrongSysvar)),
-    }
+    ai.try_borrow_data()
 }
 
 fn load<T: AccountState>(ai: &AccountInfo, program_id: &Pubkey) -> Res<T> {
@@ -373,8 +363,10 @@ impl<'a, 'b> Ctx<'a, 'b> {
         Ok(m)
     }
 
-    fn epoch_at(&self, ai: &AccountInfo, job: &Pubkey) -> Res<Epoch> {
-        let e: Epoch = load(ai, self.program_id)?;
+    /// Boxed, and its seat and vote arrays boxed inside: an Epoch's 1.3 KB
+    /// must not sit in a 4 KiB SBF frame.
+    fn epoch_at(&self, ai: &AccountInfo, job: &Pubkey) -> Res<Box<Epoch>> {
+        let e: Box<Epoch> = Box::new(load(ai, self.program_id)?);
         same(&e.job, job, CohortError::AccountMismatch)?;
         let addr = Pubkey::create_program_address(
             &[
@@ -545,6 +537,8 @@ impl<'a, 'b> Ctx<'a, 'b> {
             state: JobState::Open,
             epochs_started: 0,
             epochs_finalized: 0,
+            epochs_skipped: 0,
+            latest_epoch: NO_EPOCH,
             member_count: 0,
             created_at: now,
             deadline: now
@@ -698,14 +692,14 @@ impl<'a, 'b> Ctx<'a, 'b> {
         let epoch_ai = next_account_info(it)?;
         let system = next_account_info(it)?;
         let rent = rent(next_account_info(it)?)?;
-        let now = clock(next_account_info(it)?)?.unix_timestamp;
-        let slot_hash = latest_slot_hash(next_account_info(it)?)?;
+        let clock = clock(next_account_info(it)?)?;
+        let now = clock.unix_timestamp;
         signer(cranker)?;
         check_system_program(system)?;
         let mut job = self.job_at(job_ai)?;
         match job.state {
             JobState::Open => {}
-            JobState::Running if job.epochs_finalized == job.epochs_started => {}
+            JobState::Running if job.epochs_closed() == job.epochs_started => {}
             JobState::Running => return Err(err(CohortError::EpochNotFinalized)),
             _ => return Err(err(CohortError::InvalidJobState)),
         }
@@ -743,33 +737,111 @@ impl<'a, 'b> Ctx<'a, 'b> {
         let deadline = now
             .checked_add(job.spec.max_epoch_secs as i64)
             .ok_or(err(CohortError::Overflow))?;
-        let epoch = Epoch {
+        // The committee is drawn at `seal_epoch` from the hash of a slot
+        // that does not exist yet: the cranker cannot know it.
+        let seal_slot = clock
+            .slot
+            .checked_add(SEAL_DELAY_SLOTS)
+            .ok_or(err(CohortError::Overflow))?;
+        let epoch = Box::new(Epoch {
             bump,
             job: *job_ai.key,
             index,
-            seed: epoch_seed(&slot_hash, job_ai.key, index),
+            seed: [0; 32],
             members_at_start: job.member_count,
             started_at: now,
             deadline,
             rent_payer: *cranker.key,
+            seal_slot,
+            sealed: false,
+            witnesses: Box::new([Pubkey::default(); MAX_WITNESSES]),
             voted_mask: 0,
-            votes: [[0; 32]; MAX_WITNESSES],
+            votes: Box::new([[0; 32]; MAX_WITNESSES]),
             finalized: false,
+            skipped: false,
             digest: [0; 32],
             root: [0; 32],
             total_points: 0,
             model_hash: [0; 32],
-        };
+        });
         job.state = JobState::Running;
         job.epochs_started += 1;
         job.deadline = deadline;
         msg!(
-            "cohort: epoch {} started with {} members",
+            "cohort: epoch {} started with {} members, sealed from slot {}",
             index,
-            job.member_count
+            job.member_count,
+            seal_slot
         );
-        store(epoch_ai, &epoch)?;
+        store(epoch_ai, &*epoch)?;
         store(job_ai, &job)
+    }
+
+    /// Fixes the open epoch's seed and committee from the hash of its seal
+    /// slot, and records each seat's node owner. The sender only names the
+    /// accounts: the seats are the program's draw, and each named Member
+    /// must be the active member at the drawn index, so no sender (the
+    /// cranker, a member, anyone) can choose or move a seat. A drawn member
+    /// that joined after the start holds no seat (it did not train from the
+    /// start). If the sysvar has forgotten the seal slot, the epoch is
+    /// re-targeted at a fresh future slot instead.
+    #[inline(never)]
+    fn seal_epoch(&self) -> ProgramResult {
+        let it = &mut self.accounts.iter();
+        let job_ai = next_account_info(it)?;
+        let epoch_ai = next_account_info(it)?;
+        let clock = clock(next_account_info(it)?)?;
+        let hashes_ai = next_account_info(it)?;
+        let job = self.job_at(job_ai)?;
+        let mut epoch = self.epoch_at(epoch_ai, job_ai.key)?;
+        if job.open_epoch() != Some(epoch.index) {
+            return Err(err(CohortError::WrongEpoch));
+        }
+        if epoch.sealed {
+            return Err(err(CohortError::EpochSealed));
+        }
+        let found = seal_hash(&slot_hashes(hashes_ai)?, epoch.seal_slot)
+            .ok_or(err(CohortError::WrongSysvar))?;
+        let hash = match found {
+            SealHash::Ready(h) => h,
+            SealHash::TooEarly => return Err(err(CohortError::SealTooEarly)),
+            SealHash::Expired => {
+                epoch.seal_slot = clock
+                    .slot
+                    .checked_add(SEAL_DELAY_SLOTS)
+                    .ok_or(err(CohortError::Overflow))?;
+                msg!(
+                    "cohort: epoch {} re-targeted at slot {}",
+                    epoch.index,
+                    epoch.seal_slot
+                );
+                return store(epoch_ai, &*epoch);
+            }
+        };
+        let n = epoch.members_at_start.min(job.member_count);
+        let (seed, committee) =
+            seal_committee(&hash, job_ai.key, epoch.index, n, job.spec.witness_count);
+        let named = it.as_slice();
+        if named.len() != committee.seats() as usize {
+            return Err(err(CohortError::InvalidInstruction));
+        }
+        for (seat, (index, ai)) in committee.members().zip(named).enumerate() {
+            let m = self.member_at(ai, job_ai.key)?;
+            if m.status != MemberStatus::Active || m.index != index {
+                return Err(err(CohortError::AccountMismatch));
+            }
+            if m.joined_epoch <= epoch.index {
+                epoch.witnesses[seat] = m.node;
+            }
+        }
+        epoch.seed = seed;
+        epoch.sealed = true;
+        msg!(
+            "cohort: epoch {} sealed, {} seats",
+            epoch.index,
+            committee.seats()
+        );
+        store(epoch_ai, &*epoch)
     }
 
     #[inline(never)]
@@ -803,16 +875,17 @@ impl<'a, 'b> Ctx<'a, 'b> {
         if now > epoch.deadline {
             return Err(err(CohortError::DeadlinePassed));
         }
-        if member.status != MemberStatus::Active || member.joined_epoch > epoch_index {
+        if !epoch.sealed {
+            return Err(err(CohortError::EpochNotSealed));
+        }
+        // Seats are keys fixed at the seal: a witness that left since keeps
+        // its vote (it trained the epoch); a slashed one loses it.
+        if member.status == MemberStatus::Slashed {
             return Err(err(CohortError::NotWitness));
         }
-        let committee = Committee::new(&epoch.seed, epoch.members_at_start, job.spec.witness_count);
-        let seat = if member.index < epoch.members_at_start {
-            committee.seat_of(member.index)
-        } else {
-            None
-        };
-        let seat = seat.ok_or(err(CohortError::NotWitness))?;
+        let seat = epoch
+            .seat_of(witness.key)
+            .ok_or(err(CohortError::NotWitness))?;
         if member.last_voted_epoch == epoch_index || epoch.voted_mask & (1 << seat) != 0 {
             return Err(err(CohortError::AlreadyVoted));
         }
@@ -851,6 +924,7 @@ impl<'a, 'b> Ctx<'a, 'b> {
             job.total_points = total_points;
             job.latest_root = root;
             job.latest_model_hash = model_hash;
+            job.latest_epoch = epoch_index;
             job.epochs_finalized += 1;
             epoch.finalized = true;
             epoch.digest = digest;
@@ -863,7 +937,7 @@ impl<'a, 'b> Ctx<'a, 'b> {
                 total_points
             );
             if job.state == JobState::Running {
-                if job.epochs_finalized >= job.spec.epochs {
+                if job.epochs_closed() >= job.spec.epochs {
                     job.state = JobState::Completed;
                 } else {
                     job.deadline = now
@@ -878,7 +952,7 @@ impl<'a, 'b> Ctx<'a, 'b> {
                 job.ended_at = now;
             }
         }
-        store(epoch_ai, &epoch)?;
+        store(epoch_ai, &*epoch)?;
         store(member_ai, &member)?;
         store(node_ai, &node)?;
         store(job_ai, &job)
@@ -949,7 +1023,9 @@ impl<'a, 'b> Ctx<'a, 'b> {
             epoch_index,
             evidence,
         )?;
-        let committee = Committee::new(&epoch.seed, epoch.members_at_start, job.spec.witness_count);
+        if !epoch.sealed {
+            return Err(err(CohortError::EpochNotSealed));
+        }
         let mut seen: [Option<Pubkey>; MAX_WITNESSES] = [None; MAX_WITNESSES];
         let rest = it.as_slice();
         if rest.is_empty() || !rest.len().is_multiple_of(2) || rest.len() / 2 > MAX_WITNESSES {
@@ -963,12 +1039,8 @@ impl<'a, 'b> Ctx<'a, 'b> {
             }
             let wm = self.member_at(wm_ai, job_ai.key)?;
             same(&wm.node, w.key, CohortError::AccountMismatch)?;
-            let seat = (wm.status == MemberStatus::Active
-                && wm.joined_epoch <= epoch_index
-                && wm.index < epoch.members_at_start)
-                .then(|| committee.seat_of(wm.index))
-                .flatten();
-            if seat.is_none() {
+            // The seat fixed at the seal; a slashed witness has no vote.
+            if wm.status == MemberStatus::Slashed || epoch.seat_of(w.key).is_none() {
                 return Err(err(CohortError::NotWitness));
             }
             seen[listed] = Some(*w.key);
@@ -1040,25 +1112,66 @@ impl<'a, 'b> Ctx<'a, 'b> {
         store(job_ai, &job)
     }
 
+    /// Ends a job nobody moves forward: no epoch started within
+    /// `max_epoch_secs` of the last one closing (or of the join window's
+    /// end). An open epoch that timed out is skipped instead (`skip_epoch`),
+    /// and the job goes on.
     #[inline(never)]
     fn expire_job(&self) -> ProgramResult {
         let it = &mut self.accounts.iter();
         let job_ai = next_account_info(it)?;
         let now = clock(next_account_info(it)?)?.unix_timestamp;
         let mut job = self.job_at(job_ai)?;
-        let open_epoch = matches!(job.state, JobState::Cancelled) && job.reserve > 0;
-        if !(matches!(job.state, JobState::Open | JobState::Running) || open_epoch) {
+        if !matches!(job.state, JobState::Open | JobState::Running) {
             return Err(err(CohortError::InvalidJobState));
+        }
+        if job.open_epoch().is_some() {
+            return Err(err(CohortError::EpochOpen));
         }
         if now <= job.deadline {
             return Err(err(CohortError::DeadlineNotReached));
         }
-        // The open epoch missed its deadline: its members are not owed for it.
-        job.reserve = 0;
-        if !job.state.is_terminal() {
-            job.state = JobState::Expired;
-            job.ended_at = now;
+        job.state = JobState::Expired;
+        job.ended_at = now;
+        store(job_ai, &job)
+    }
+
+    /// Closes the open epoch unpaid once its deadline has passed without a
+    /// quorum: its reserve is released, its members are owed nothing for
+    /// it, and the job goes on with the next epoch (or completes, if it was
+    /// the last). One stalled epoch no longer ends the job.
+    #[inline(never)]
+    fn skip_epoch(&self) -> ProgramResult {
+        let it = &mut self.accounts.iter();
+        let job_ai = next_account_info(it)?;
+        let epoch_ai = next_account_info(it)?;
+        let now = clock(next_account_info(it)?)?.unix_timestamp;
+        let mut job = self.job_at(job_ai)?;
+        let mut epoch = self.epoch_at(epoch_ai, job_ai.key)?;
+        if job.open_epoch() != Some(epoch.index) || epoch.finalized {
+            return Err(err(CohortError::WrongEpoch));
         }
+        if now <= epoch.deadline {
+            return Err(err(CohortError::DeadlineNotReached));
+        }
+        epoch.skipped = true;
+        job.reserve = 0;
+        job.epochs_skipped = add(job.epochs_skipped as u64, 1)? as u32;
+        match job.state {
+            JobState::Running if job.epochs_closed() >= job.spec.epochs => {
+                job.state = JobState::Completed;
+                job.ended_at = now;
+            }
+            JobState::Running => {
+                job.deadline = now
+                    .checked_add(job.spec.max_epoch_secs as i64)
+                    .ok_or(err(CohortError::Overflow))?;
+            }
+            // A cancelled job's last epoch: the claim window counts from here.
+            _ => job.ended_at = now,
+        }
+        msg!("cohort: epoch {} skipped unattested", epoch.index);
+        store(epoch_ai, &*epoch)?;
         store(job_ai, &job)
     }
 

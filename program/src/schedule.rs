@@ -4,7 +4,66 @@
 use solana_program::hash::hashv;
 use solana_program::pubkey::Pubkey;
 
-/// `H(tag, recent slot hash, job, epoch)`: unknown until the epoch starts.
+/// Slots between `start_epoch` and the slot whose hash seeds the epoch's
+/// committee: whoever cranks the start cannot know that hash yet.
+pub const SEAL_DELAY_SLOTS: u64 = 2;
+
+/// What the `SlotHashes` sysvar says about an epoch's seal slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SealHash {
+    /// The hash of the first slot at or after the seal slot (a skipped slot
+    /// has no hash; the next one that exists stands in).
+    Ready([u8; 32]),
+    /// No slot at or after the seal slot has a hash yet.
+    TooEarly,
+    /// The sysvar no longer reaches back to the seal slot (it keeps 512):
+    /// the epoch must be re-targeted at a later slot.
+    Expired,
+}
+
+/// Reads the raw `SlotHashes` sysvar data (`u64` count, then `(slot, hash)`
+/// entries, newest first) in place: deserializing 20 KB would cost more
+/// compute than the rest of the instruction. One rule for the program and
+/// for the clients that must name the committee's accounts when they seal.
+pub fn seal_hash(slot_hashes: &[u8], seal_slot: u64) -> Option<SealHash> {
+    let count = u64::from_le_bytes(slot_hashes.get(..8)?.try_into().ok()?);
+    let mut found = None;
+    for i in 0..count as usize {
+        let at = 8 + i * 40;
+        let entry = slot_hashes.get(at..at + 40)?;
+        let slot = u64::from_le_bytes(entry[..8].try_into().ok()?);
+        if slot >= seal_slot {
+            let mut h = [0u8; 32];
+            h.copy_from_slice(&entry[8..]);
+            found = Some(h);
+        }
+        if slot <= seal_slot {
+            // The entries reach back to the seal slot: `found` is the first
+            // slot at or after it, or nothing has been hashed since.
+            return Some(found.map_or(SealHash::TooEarly, SealHash::Ready));
+        }
+    }
+    Some(if count == 0 || found.is_none() {
+        SealHash::TooEarly
+    } else {
+        SealHash::Expired
+    })
+}
+
+/// The committee an epoch is sealed with: seats drawn from the first `n`
+/// member indices at seal time.
+pub fn seal_committee(
+    hash: &[u8; 32],
+    job: &Pubkey,
+    epoch: u32,
+    n: u32,
+    witness_count: u8,
+) -> ([u8; 32], Committee) {
+    let seed = epoch_seed(hash, job, epoch);
+    (seed, Committee::new(&seed, n, witness_count))
+}
+
+/// `H(tag, seal slot hash, job, epoch)`: unknown until the epoch is sealed.
 pub fn epoch_seed(slot_hash: &[u8; 32], job: &Pubkey, epoch: u32) -> [u8; 32] {
     hashv(&[
         b"cohort-seed-v1",
@@ -174,6 +233,29 @@ mod tests {
             .count();
         let p = captured as f64 / draws as f64;
         assert!((p - 21.0 / 252.0).abs() < 0.003, "captured {p:.4}");
+    }
+
+    fn slot_hashes(entries: &[(u64, u8)]) -> Vec<u8> {
+        let mut v = (entries.len() as u64).to_le_bytes().to_vec();
+        for (slot, h) in entries {
+            v.extend_from_slice(&slot.to_le_bytes());
+            v.extend_from_slice(&[*h; 32]);
+        }
+        v
+    }
+
+    #[test]
+    fn the_seal_uses_the_first_slot_at_or_after_the_seal_slot_whatever_came_later() {
+        // Newest first; slot 11 was skipped.
+        let d = slot_hashes(&[(14, 4), (13, 3), (12, 2), (10, 0), (9, 9)]);
+        assert_eq!(seal_hash(&d, 12), Some(SealHash::Ready([2; 32])));
+        assert_eq!(seal_hash(&d, 11), Some(SealHash::Ready([2; 32])));
+        assert_eq!(seal_hash(&d, 10), Some(SealHash::Ready([0; 32])));
+        assert_eq!(seal_hash(&d, 15), Some(SealHash::TooEarly));
+        // Everything at or before slot 9 has slid out of the window.
+        assert_eq!(seal_hash(&d, 8), Some(SealHash::Expired));
+        assert_eq!(seal_hash(&slot_hashes(&[]), 3), Some(SealHash::TooEarly));
+        assert_eq!(seal_hash(&d[..20], 3), None);
     }
 
     #[test]

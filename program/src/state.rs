@@ -6,7 +6,7 @@ use crate::codec::{CodecError, Reader, Writer};
 use crate::error::CohortError;
 use solana_program::pubkey::Pubkey;
 
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 /// Upper bound on witnesses per epoch; votes live in a fixed array.
 pub const MAX_WITNESSES: usize = 16;
 /// A job's random audit rate is at most every contribution (10,000 basis points).
@@ -21,6 +21,8 @@ pub const CLAIM_WINDOW_SECS: i64 = 7 * 24 * 3600;
 pub const NO_VOTE: u32 = u32::MAX;
 /// `Member::stint_to` while the member is active: its stint has no end yet.
 pub const ONGOING: u32 = u32::MAX;
+/// `Job::latest_epoch` before any epoch is finalized.
+pub const NO_EPOCH: u32 = u32::MAX;
 /// Fraud reports may target the current epoch and the one before it, so a
 /// cheat caught while its epoch finalizes (or just after) is still slashable.
 pub const FRAUD_LOOKBACK_EPOCHS: u32 = 1;
@@ -317,6 +319,11 @@ pub struct JobSpec {
     pub model_hash: [u8; 32],
     /// Human-readable architecture, e.g. `gpt l4 d256 h4 s128`.
     pub arch: [u8; 64],
+    /// Hash of the versioned training recipe (compression, learning-rate
+    /// schedule, batch, momentum decay) every member must train with: a
+    /// member on another build refuses the job instead of silently
+    /// rejecting its peers' payloads.
+    pub recipe_hash: [u8; 32],
     /// Content hash of the dataset.
     pub dataset_id: [u8; 32],
     pub global_batch: u32,
@@ -343,7 +350,7 @@ pub struct JobSpec {
 }
 
 impl JobSpec {
-    pub const LEN: usize = 32 + 64 + 32 + 4 * 7 + 2 * 2 + 4 + 8 + 8 + 1 + 1 + 2;
+    pub const LEN: usize = 32 + 64 + 32 + 32 + 4 * 7 + 2 * 2 + 4 + 8 + 8 + 1 + 1 + 2;
 
     pub fn arch_name(&self) -> String {
         str_of(&self.arch)
@@ -367,6 +374,7 @@ impl JobSpec {
     pub fn validate(&self) -> Result<(), CohortError> {
         let w = self.witness_count as usize;
         let ok = self.steps_per_epoch > 0
+            && self.recipe_hash != [0; 32]
             && self.epochs > 0
             && self.global_batch > 0
             && self.seq_len > 0
@@ -400,6 +408,7 @@ impl JobSpec {
     pub fn write(&self, w: &mut Writer) {
         w.bytes(&self.model_hash)
             .bytes(&self.arch)
+            .bytes(&self.recipe_hash)
             .bytes(&self.dataset_id)
             .u32(self.global_batch)
             .u32(self.seq_len)
@@ -422,6 +431,7 @@ impl JobSpec {
         Ok(Self {
             model_hash: r.array()?,
             arch: r.array()?,
+            recipe_hash: r.array()?,
             dataset_id: r.array()?,
             global_batch: r.u32()?,
             seq_len: r.u32()?,
@@ -479,6 +489,10 @@ pub struct Job {
     /// Epochs started so far; the current epoch's index is `epochs_started - 1`.
     pub epochs_started: u32,
     pub epochs_finalized: u32,
+    /// Epochs that timed out unattested (`skip_epoch`): closed, never paid.
+    pub epochs_skipped: u32,
+    /// The epoch whose root is `latest_root` (`NO_EPOCH` before the first).
+    pub latest_epoch: u32,
     pub member_count: u32,
     pub created_at: i64,
     /// When the job may be expired if nothing moves it forward first.
@@ -493,6 +507,16 @@ pub struct Job {
 impl Job {
     pub fn current_epoch(&self) -> Option<u32> {
         self.epochs_started.checked_sub(1)
+    }
+
+    /// Epochs that are over, paid (finalized) or not (skipped).
+    pub fn epochs_closed(&self) -> u32 {
+        self.epochs_finalized.saturating_add(self.epochs_skipped)
+    }
+
+    /// The epoch whose attested root a claim proves against, if any.
+    pub fn latest_finalized(&self) -> Option<u32> {
+        (self.latest_epoch != NO_EPOCH).then_some(self.latest_epoch)
     }
 
     /// Members needed to start the next epoch: `min_nodes` to begin, then
@@ -528,7 +552,7 @@ impl Job {
     /// of a running job, or of a cancelled job whose open epoch may still finish.
     pub fn open_epoch(&self) -> Option<u32> {
         let open = match self.state {
-            JobState::Running => self.epochs_finalized < self.epochs_started,
+            JobState::Running => self.epochs_closed() < self.epochs_started,
             JobState::Cancelled => self.reserve > 0,
             _ => false,
         };
@@ -569,7 +593,7 @@ impl Job {
 
 impl AccountState for Job {
     const TYPE: AccountType = AccountType::Job;
-    const BODY_LEN: usize = 1 + 32 + 8 + JobSpec::LEN + 8 * 6 + 1 + 4 * 3 + 8 * 3 + 8 + 32 + 32;
+    const BODY_LEN: usize = 1 + 32 + 8 + JobSpec::LEN + 8 * 6 + 1 + 4 * 5 + 8 * 3 + 8 + 32 + 32;
 
     fn write_body(&self, w: &mut Writer) {
         w.u8(self.bump).pubkey(&self.requester).u64(self.job_id);
@@ -583,6 +607,8 @@ impl AccountState for Job {
             .u8(self.state as u8)
             .u32(self.epochs_started)
             .u32(self.epochs_finalized)
+            .u32(self.epochs_skipped)
+            .u32(self.latest_epoch)
             .u32(self.member_count)
             .i64(self.created_at)
             .i64(self.deadline)
@@ -614,6 +640,8 @@ impl AccountState for Job {
             },
             epochs_started: r.u32()?,
             epochs_finalized: r.u32()?,
+            epochs_skipped: r.u32()?,
+            latest_epoch: r.u32()?,
             member_count: r.u32()?,
             created_at: r.i64()?,
             deadline: r.i64()?,
@@ -770,32 +798,88 @@ impl AccountState for Requester {
     }
 }
 
+/// One epoch of a job. `start_epoch` opens it; `seal_epoch` then fixes its
+/// seed and committee from the hash of a slot after the start (`seal_slot`),
+/// so nobody, the cranker included, knows the committee when the epoch starts;
+/// the seats are stored as keys, so a member leaving mid-epoch moves no seat.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Epoch {
     pub bump: u8,
     pub job: Pubkey,
     pub index: u32,
+    /// Zero until sealed.
     pub seed: [u8; 32],
-    /// Active members when the epoch started: committee seats are drawn from `0..this`.
+    /// Active members when the epoch started (the P2P layout; caps its points).
     pub members_at_start: u32,
     pub started_at: i64,
     pub deadline: i64,
     /// Who paid the rent (the cranker); `close_epoch` returns it there.
     pub rent_payer: Pubkey,
+    /// The seed is the hash of the first slot at or after this one.
+    pub seal_slot: u64,
+    pub sealed: bool,
+    /// Seat `s`'s node owner; `Pubkey::default()` is an empty seat.
+    /// Boxed, as `votes`: together they are 1 KiB of an SBF stack frame's 4.
+    pub witnesses: Box<[Pubkey; MAX_WITNESSES]>,
     /// Bit `s` set: seat `s` has voted `votes[s]`.
     pub voted_mask: u16,
-    pub votes: [[u8; 32]; MAX_WITNESSES],
+    pub votes: Box<[[u8; 32]; MAX_WITNESSES]>,
     pub finalized: bool,
+    /// Timed out unattested (`skip_epoch`): closed, and nobody is paid for it.
+    pub skipped: bool,
     pub digest: [u8; 32],
     pub root: [u8; 32],
     pub total_points: u64,
     pub model_hash: [u8; 32],
 }
 
+impl Epoch {
+    /// The seat `node` (an owner key) holds, once the epoch is sealed.
+    pub fn seat_of(&self, node: &Pubkey) -> Option<usize> {
+        if !self.sealed || *node == Pubkey::default() {
+            return None;
+        }
+        self.witnesses.iter().position(|w| w == node)
+    }
+
+    /// The seated witnesses, in seat order (empty seats left out).
+    pub fn seated(&self) -> impl Iterator<Item = (usize, &Pubkey)> {
+        self.witnesses
+            .iter()
+            .enumerate()
+            .filter(move |(_, w)| self.sealed && **w != Pubkey::default())
+    }
+}
+
+fn flag(r: &mut Reader) -> Result<bool, CodecError> {
+    match r.u8()? {
+        0 => Ok(false),
+        1 => Ok(true),
+        _ => Err(CodecError),
+    }
+}
+
 impl AccountState for Epoch {
     const TYPE: AccountType = AccountType::Epoch;
-    const BODY_LEN: usize =
-        1 + 32 + 4 + 32 + 4 + 8 + 8 + 32 + 2 + 32 * MAX_WITNESSES + 1 + 32 + 32 + 8 + 32;
+    const BODY_LEN: usize = 1
+        + 32
+        + 4
+        + 32
+        + 4
+        + 8
+        + 8
+        + 32
+        + 8
+        + 1
+        + 32 * MAX_WITNESSES
+        + 2
+        + 32 * MAX_WITNESSES
+        + 1
+        + 1
+        + 32
+        + 32
+        + 8
+        + 32;
 
     fn write_body(&self, w: &mut Writer) {
         w.u8(self.bump)
@@ -806,11 +890,17 @@ impl AccountState for Epoch {
             .i64(self.started_at)
             .i64(self.deadline)
             .pubkey(&self.rent_payer)
-            .u16(self.voted_mask);
-        for v in &self.votes {
+            .u64(self.seal_slot)
+            .u8(self.sealed as u8);
+        for k in self.witnesses.iter() {
+            w.pubkey(k);
+        }
+        w.u16(self.voted_mask);
+        for v in self.votes.iter() {
             w.bytes(v);
         }
         w.u8(self.finalized as u8)
+            .u8(self.skipped as u8)
             .bytes(&self.digest)
             .bytes(&self.root)
             .u64(self.total_points)
@@ -826,8 +916,14 @@ impl AccountState for Epoch {
         let started_at = r.i64()?;
         let deadline = r.i64()?;
         let rent_payer = r.pubkey()?;
+        let seal_slot = r.u64()?;
+        let sealed = flag(r)?;
+        let mut witnesses = Box::new([Pubkey::default(); MAX_WITNESSES]);
+        for k in witnesses.iter_mut() {
+            *k = r.pubkey()?;
+        }
         let voted_mask = r.u16()?;
-        let mut votes = [[0u8; 32]; MAX_WITNESSES];
+        let mut votes = Box::new([[0u8; 32]; MAX_WITNESSES]);
         for v in votes.iter_mut() {
             *v = r.array()?;
         }
@@ -840,13 +936,13 @@ impl AccountState for Epoch {
             started_at,
             deadline,
             rent_payer,
+            seal_slot,
+            sealed,
+            witnesses,
             voted_mask,
             votes,
-            finalized: match r.u8()? {
-                0 => false,
-                1 => true,
-                _ => return Err(CodecError),
-            },
+            finalized: flag(r)?,
+            skipped: flag(r)?,
             digest: r.array()?,
             root: r.array()?,
             total_points: r.u64()?,

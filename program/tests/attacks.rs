@@ -45,6 +45,21 @@ impl Running {
         self.env.send(&[ix], &[&kp]).await
     }
 
+    /// The node owners `seal_epoch` must name for `epoch` right now.
+    async fn witnesses_drawn(&mut self, epoch: u32) -> Vec<Pubkey> {
+        let ix = self.env.seal_ix(&self.job, epoch).await;
+        ix.accounts[4..]
+            .iter()
+            .map(|m| {
+                self.nodes
+                    .iter()
+                    .map(|n| n.pubkey())
+                    .find(|k| client::member_address(&self.job, k) == m.pubkey)
+                    .unwrap()
+            })
+            .collect()
+    }
+
     /// A member that holds no witness seat in `epoch`.
     async fn non_witness(&mut self, epoch: u32) -> Pubkey {
         let ws = self.witnesses(epoch).await;
@@ -1122,4 +1137,193 @@ async fn hole_7_a_16_seat_committee_with_quorum_9_slashes_over_several_transacti
         .await
         .unwrap();
     assert_eq!(r.env.balance(&ws[0]).await, before + rent);
+}
+
+/// What the old rule (the newest slot hash when `start_epoch` runs) would
+/// have drawn, and what the seal draws, for a 10-member job with 3 colluders.
+fn colluders_hold_quorum(seed_hash: &[u8; 32], job: &Pubkey, n: u32, colluders: &[u32]) -> bool {
+    let s = spec();
+    let (_, c) = cohort_program::schedule::seal_committee(seed_hash, job, 0, n, s.witness_count);
+    c.members().filter(|m| colluders.contains(m)).count() >= s.quorum as usize
+}
+
+#[tokio::test]
+async fn hole_6_the_member_who_cranks_start_epoch_cannot_choose_its_committee() {
+    use cohort_program::schedule::SEAL_DELAY_SLOTS;
+    use solana_sdk::hash::Hash;
+    let mut r = open_job(4).await;
+    let cranker = r.nodes[0].insecure_clone();
+    let by_index = r.by_index().await;
+    let colluders: Vec<u32> = [0usize, 1]
+        .iter()
+        .map(|i| {
+            by_index
+                .iter()
+                .position(|k| *k == Some(r.nodes[*i].pubkey()))
+                .unwrap() as u32
+        })
+        .collect();
+    // The cranker grinds the slot it starts in: it waits until the newest
+    // slot hash (all it can see) would seat a colluding quorum.
+    let mut waited = 0;
+    loop {
+        r.env.advance_slots(1);
+        let newest = r.env.hashes[0].1.to_bytes();
+        if colluders_hold_quorum(&newest, &r.job, 4, &colluders) {
+            break;
+        }
+        waited += 1;
+        assert!(waited < 1_000, "a suitable slot hash was never seen");
+    }
+    let ix = client::start_epoch(&cranker.pubkey(), &r.job, 0);
+    r.env.send(&[ix], &[&cranker]).await.unwrap();
+    let e: Epoch = r.env.state(&client::epoch_address(&r.job, 0)).await;
+    assert!(
+        !e.sealed && e.seed == [0; 32],
+        "no seed exists at the start"
+    );
+    assert_eq!(e.seal_slot, r.env.slot + SEAL_DELAY_SLOTS);
+    // Nothing can be attested or reported until the seal.
+    let w = cranker.pubkey();
+    let ix = r.attest(&w, 0, [1; 32], 0);
+    assert_err(r.send_as(ix, &w).await, CohortError::EpochNotSealed);
+    // Sealing before the seal slot has a hash is refused.
+    let job = r.job;
+    let early = client::seal_epoch(&job, 0, &[]);
+    assert_err(r.env.send(&[early], &[]).await, CohortError::SealTooEarly);
+    // The seal slot's hash is one nobody saw at the start; here the test
+    // makes it one under which the colluders hold no quorum.
+    r.env.advance_slots(SEAL_DELAY_SLOTS + 1);
+    let mut hashes = r.env.hashes.clone();
+    let at = hashes.iter().position(|(s, _)| *s == e.seal_slot).unwrap();
+    let mut k = 0u8;
+    loop {
+        let h = [k; 32];
+        if !colluders_hold_quorum(&h, &r.job, 4, &colluders) {
+            hashes[at].1 = Hash::new_from_array(h);
+            break;
+        }
+        k += 1;
+    }
+    r.env.set_slot_hashes(&hashes);
+    // A seal naming the colluders' accounts instead of the drawn ones fails.
+    let seats = r.witnesses_drawn(0).await;
+    let mut forged: Vec<Pubkey> = seats.clone();
+    let colluder_keys = [r.nodes[0].pubkey(), r.nodes[1].pubkey()];
+    if let Some(j) = forged.iter().position(|k| !colluder_keys.contains(k)) {
+        forged[j] = *colluder_keys.iter().find(|c| !forged.contains(c)).unwrap();
+        let ix = client::seal_epoch(&job, 0, &forged);
+        assert_err(r.env.send(&[ix], &[]).await, CohortError::AccountMismatch);
+    }
+    let ix = client::seal_epoch(&job, 0, &seats[..seats.len() - 1]);
+    assert_err(
+        r.env.send(&[ix], &[]).await,
+        CohortError::InvalidInstruction,
+    );
+    // Waiting to seal later changes nothing: the seal slot is fixed.
+    r.env.advance_slots(20);
+    r.env.seal(&job, 0).await.unwrap();
+    let e: Epoch = r.env.state(&client::epoch_address(&job, 0)).await;
+    let seated: Vec<Pubkey> = e.seated().map(|(_, k)| *k).collect();
+    assert_eq!(seated, seats);
+    let held = seated.iter().filter(|k| colluder_keys.contains(k)).count();
+    assert!(
+        held < spec().quorum as usize,
+        "the grind still won: {held} seats"
+    );
+    assert_err(r.env.seal(&job, 0).await, CohortError::EpochSealed);
+}
+
+#[tokio::test]
+async fn hole_6_a_seal_slot_the_sysvar_forgot_is_retargeted_not_chosen() {
+    let mut r = open_job(4).await;
+    let job = r.job;
+    r.env.start_unsealed(&job).await.unwrap();
+    let e: Epoch = r.env.state(&client::epoch_address(&job, 0)).await;
+    // 600 slots pass unsealed: SlotHashes keeps 512, the seal slot is gone.
+    r.env.advance_slots(600);
+    let ix = client::seal_epoch(&job, 0, &[]);
+    r.env.send(&[ix], &[]).await.unwrap();
+    let after: Epoch = r.env.state(&client::epoch_address(&job, 0)).await;
+    assert!(!after.sealed);
+    assert!(after.seal_slot > r.env.slot && after.seal_slot > e.seal_slot);
+    r.env.advance_slots(3);
+    r.env.seal(&job, 0).await.unwrap();
+    assert!(r.witnesses(0).await.len() == 3);
+}
+
+#[tokio::test]
+async fn hole_8_a_member_leaving_mid_epoch_moves_no_seat() {
+    let mut r = running_job().await;
+    let ws = r.witnesses(0).await;
+    let by_index = r.by_index().await;
+    // The member at the lowest index leaves: the last member is swapped
+    // into its index, which used to hand it (or take from it) a seat.
+    let leaver = by_index[0].unwrap();
+    let last = r.last_member().await;
+    let ix = client::leave_job(&leaver, &r.job, &last);
+    r.send_as(ix, &leaver).await.unwrap();
+    assert_eq!(r.witnesses(0).await, ws, "seats are keys fixed at the seal");
+    let everyone = points(&r, 10);
+    let t = tree(&everyone);
+    // A member that holds no seat cannot vote, wherever it moved.
+    let outsider = r
+        .nodes
+        .iter()
+        .map(|n| n.pubkey())
+        .find(|k| !ws.contains(k))
+        .unwrap();
+    let ix = r.attest(&outsider, 0, t.root(), t.total());
+    assert_err(r.send_as(ix, &outsider).await, CohortError::NotWitness);
+    // Every seated witness still votes, the leaver too if it holds a seat.
+    r.finalize(0, &everyone).await;
+    let j: Job = r.env.state(&r.job).await;
+    assert_eq!(j.epochs_finalized, 1);
+}
+
+#[tokio::test]
+async fn hole_8_a_timed_out_epoch_is_skipped_unpaid_and_the_job_goes_on() {
+    let mut r = running_job().await;
+    let job = r.job;
+    let each = spec().steps_per_epoch as u64;
+    r.finalize(0, &points(&r, each)).await;
+    r.env.start_epoch(&job).await.unwrap();
+    let skip = client::skip_epoch(&job, 1);
+    assert_err(
+        r.env.send(std::slice::from_ref(&skip), &[]).await,
+        CohortError::DeadlineNotReached,
+    );
+    r.env.advance(spec().max_epoch_secs as i64 + 1);
+    // Ending the whole job is no longer what a stalled epoch does.
+    assert_err(
+        r.env.send(&[client::expire_job(&job)], &[]).await,
+        CohortError::EpochOpen,
+    );
+    r.env.send(std::slice::from_ref(&skip), &[]).await.unwrap();
+    assert_err(r.env.send(&[skip], &[]).await, CohortError::WrongEpoch);
+    let w = r.witnesses(1).await[0];
+    let ix = r.attest(&w, 1, [1; 32], 0);
+    assert_err(r.send_as(ix, &w).await, CohortError::WrongEpoch);
+    let j: Job = r.env.state(&job).await;
+    assert_eq!(
+        (j.state, j.epochs_skipped, j.epochs_finalized),
+        (JobState::Running, 1, 1)
+    );
+    assert_eq!(j.latest_finalized(), Some(0));
+    // Epoch 2 runs and pays; the skipped epoch's steps are worth nothing.
+    r.env.start_epoch(&job).await.unwrap();
+    let total = points(&r, 2 * each);
+    r.finalize(2, &total).await;
+    let j: Job = r.env.state(&job).await;
+    assert_eq!(
+        (j.state, j.latest_finalized()),
+        (JobState::Completed, Some(2))
+    );
+    let keys: Vec<Pubkey> = r.nodes.iter().map(|n| n.pubkey()).collect();
+    for k in keys {
+        let before = r.env.balance(&k).await;
+        let (p, proof) = proof_for(&total, &k);
+        r.claim(&k, p, proof).await.unwrap();
+        assert_eq!(r.env.balance(&k).await - before, 2 * PRICE);
+    }
 }

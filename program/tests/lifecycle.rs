@@ -280,7 +280,7 @@ async fn cancel_while_open_refunds_the_whole_deposit() {
 }
 
 #[tokio::test]
-async fn an_epoch_that_misses_its_deadline_expires_the_job_without_paying_it() {
+async fn an_epoch_that_misses_its_deadline_is_skipped_without_paying_it() {
     let mut env = Env::new().await;
     let requester = env.user(10 * SOL).await;
     let nodes = env.nodes(3).await;
@@ -291,9 +291,9 @@ async fn an_epoch_that_misses_its_deadline_expires_the_job_without_paying_it() {
         env.join(n, &job).await.unwrap();
     }
     env.start_epoch(&job).await.unwrap();
-    let expire = client::expire_job(&job);
+    let skip = client::skip_epoch(&job, 0);
     assert_err(
-        env.send(std::slice::from_ref(&expire), &[]).await,
+        env.send(std::slice::from_ref(&skip), &[]).await,
         CohortError::DeadlineNotReached,
     );
     env.advance(s.max_epoch_secs as i64 + 1);
@@ -305,6 +305,19 @@ async fn an_epoch_that_misses_its_deadline_expires_the_job_without_paying_it() {
         env.send(&[ix], &[find(&nodes, &w)]).await,
         CohortError::DeadlinePassed,
     );
+    env.send(&[skip], &[]).await.unwrap();
+    let j: Job = env.state(&job).await;
+    assert_eq!(
+        (j.state, j.owed, j.reserve, j.epochs_skipped),
+        (JobState::Running, 0, 0, 1)
+    );
+    // Nobody starts the next epoch in time: then the job expires.
+    let expire = client::expire_job(&job);
+    assert_err(
+        env.send(std::slice::from_ref(&expire), &[]).await,
+        CohortError::DeadlineNotReached,
+    );
+    env.advance(s.max_epoch_secs as i64 + 1);
     env.send(&[expire], &[]).await.unwrap();
     env.send(
         &[client::withdraw(&requester.pubkey(), &job)],

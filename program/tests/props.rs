@@ -28,6 +28,8 @@ enum Op {
     Claim(usize),
     Cancel,
     Expire,
+    /// Skip the open epoch (refused before its deadline).
+    Skip,
     Advance(i64),
     /// A quorum of the epoch's witnesses reports member `i` (who may have left).
     Fraud(usize),
@@ -52,6 +54,7 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (0..5usize).prop_map(Op::Claim),
         1 => Just(Op::Cancel),
         1 => Just(Op::Expire),
+        1 => Just(Op::Skip),
         1 => prop_oneof![Just(60i64), Just(4_000i64), Just(CLAIM_WINDOW_SECS)].prop_map(Op::Advance),
         1 => (0..5usize).prop_map(Op::Fraud),
         1 => (0..5usize).prop_map(Op::MinorityFraud),
@@ -189,6 +192,15 @@ async fn run(ops: Vec<Op>) {
                 .await
             }
             Op::Expire => env.send(&[client::expire_job(&job)], &[]).await,
+            Op::Skip => {
+                let Some(e) = j.current_epoch() else { continue };
+                let r = env.send(&[client::skip_epoch(&job, e)], &[]).await;
+                if r.is_ok() {
+                    // A skipped epoch's table never pays.
+                    pending = None;
+                }
+                r
+            }
             Op::Advance(secs) => {
                 env.advance(secs);
                 continue;

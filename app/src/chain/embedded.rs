@@ -74,6 +74,8 @@ struct Inner {
     known: Mutex<BTreeSet<Pubkey>>,
     statuses: Mutex<HashMap<Signature, (u64, Option<TransactionError>)>>,
     requests: Mutex<RpcTransportStats>,
+    /// The clock's slot and the `SlotHashes` entries before it, newest first.
+    slots: Mutex<(u64, Vec<(u64, Hash)>)>,
 }
 
 /// Cheap to clone: every clone is the same chain.
@@ -97,12 +99,11 @@ impl Embedded {
             .ok_or_else(|| anyhow!("could not load the Cohort program as a builtin"))?;
         pt.add_builtin_program("cohort_program", cohort_program::ID, builtin);
         let ctx = pt.start_with_context().await;
-        // Epoch seeds come from the newest slot hash, which a fresh bank
-        // lacks. Warping ahead would make one, but races the test bank's
-        // own blockhash task (it can find the frozen bank mid-warp and
-        // panic), so a fresh random entry is set instead.
-        let fresh = Keypair::new().pubkey().to_bytes();
-        ctx.set_sysvar(&SlotHashes::new(&[(4, Hash::new_from_array(fresh))]));
+        // Epoch committees are sealed from the hash of a slot after the
+        // epoch's start. Warping the bank would make real slots, but races
+        // the test bank's own blockhash task (it can find the frozen bank
+        // mid-warp and panic), so the clock's slot and SlotHashes advance
+        // by hand instead, one slot with a fresh random hash per tick.
         let faucet = ctx.payer.insecure_clone();
         let e = Self {
             inner: Arc::new(Inner {
@@ -112,6 +113,7 @@ impl Embedded {
                 known: Mutex::new(BTreeSet::from([cohort_program::ID])),
                 statuses: Mutex::new(HashMap::new()),
                 requests: Mutex::new(RpcTransportStats::default()),
+                slots: Mutex::new((SLOT, Vec::new())),
             }),
         };
         e.tick_clock();
@@ -128,9 +130,25 @@ impl Embedded {
         Ok(e)
     }
 
+    /// One slot on: the slot just ended gets a fresh random hash (the
+    /// sysvar keeps the newest 512, as a validator's does).
     fn tick_clock(&self) {
+        let Ok(mut g) = self.inner.slots.lock() else {
+            return;
+        };
+        let (slot, hashes) = &mut *g;
+        hashes.insert(
+            0,
+            (
+                *slot,
+                Hash::new_from_array(Keypair::new().pubkey().to_bytes()),
+            ),
+        );
+        hashes.truncate(512);
+        *slot += 1;
+        self.inner.ctx.set_sysvar(&SlotHashes::new(hashes));
         self.inner.ctx.set_sysvar(&Clock {
-            slot: SLOT,
+            slot: *slot,
             unix_timestamp: self.now(),
             ..Default::default()
         });

@@ -214,6 +214,17 @@ impl Chain {
         }
     }
 
+    /// Any account's data (a sysvar, say), not only Cohort's.
+    pub async fn data(&self, k: &Pubkey) -> Result<Option<Vec<u8>>> {
+        Ok(self
+            .rpc
+            .get_account_with_commitment(k, self.rpc.commitment())
+            .await
+            .map_err(|e| anyhow!("reading {k}: {}", short(&e)))?
+            .value
+            .map(|a| a.data))
+    }
+
     pub async fn must<T: AccountState>(&self, k: &Pubkey, what: &str) -> Result<T> {
         self.state(k)
             .await?

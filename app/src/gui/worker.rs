@@ -624,6 +624,12 @@ pub fn blocker(j: &Job, att: Option<&Benchmark>, s: &Settings) -> Option<String>
             other => other.to_string(),
         });
     }
+    if cohort_engine::recipe::check(&j.spec).is_err() {
+        return Some(
+            "made for another version of Cohort (its training recipe differs): update Cohort"
+                .into(),
+        );
+    }
     let need = memory_estimate_mib(j);
     if s.memory_cap_mib > 0 && need > s.memory_cap_mib as u64 {
         return Some(format!(

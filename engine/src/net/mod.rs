@@ -6,6 +6,7 @@
 //! [`node`] runs one member (training thread + network task); [`peer`] is
 //! the command line that runs a member as its own OS process.
 
+pub mod diverge;
 pub mod msg;
 pub mod node;
 pub mod peer;

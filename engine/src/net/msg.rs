@@ -186,10 +186,12 @@ pub enum Drop {
     WrongLeader,
     /// An unusable payload or checkpoint (bad hash, bad encoding).
     BadBlob,
+    /// For a step outside the window a node keeps state for.
+    OutOfWindow,
 }
 
 impl Drop {
-    pub const ALL: [Drop; 8] = [
+    pub const ALL: [Drop; 9] = [
         Drop::Oversized,
         Drop::Malformed,
         Drop::BadSignature,
@@ -198,6 +200,7 @@ impl Drop {
         Drop::Replayed,
         Drop::WrongLeader,
         Drop::BadBlob,
+        Drop::OutOfWindow,
     ];
     pub fn name(self) -> &'static str {
         match self {
@@ -209,6 +212,7 @@ impl Drop {
             Drop::Replayed => "replayed",
             Drop::WrongLeader => "wrong_leader",
             Drop::BadBlob => "bad_blob",
+            Drop::OutOfWindow => "out_of_window",
         }
     }
 }
@@ -348,6 +352,16 @@ fn parse_body(r: &mut Reader) -> Result<Body, cohort_program::codec::CodecError>
 /// Size, format and signature checks. Membership, job and replay are the
 /// receiving node's business (it knows the job).
 pub fn open(raw: &[u8]) -> Result<Signed, Drop> {
+    open_checked(raw, |_, _| Ok(()))
+}
+
+/// `open`, with `admit` (the receiver's cheap checks: job, membership,
+/// window) run on the parsed body and claimed signer before the signature
+/// is verified, so a flood from non-members costs no signature checks.
+pub fn open_checked(
+    raw: &[u8],
+    admit: impl FnOnce(&Body, &[u8; 32]) -> Result<(), Drop>,
+) -> Result<Signed, Drop> {
     if raw.len() > MAX_GOSSIP {
         return Err(Drop::Oversized);
     }
@@ -366,6 +380,7 @@ pub fn open(raw: &[u8]) -> Result<Signed, Drop> {
         return Err(Drop::Malformed);
     }
     let signer: [u8; 32] = trailer[..32].try_into().map_err(|_| Drop::Malformed)?;
+    admit(&body, &signer)?;
     let key = ed25519::PublicKey::try_from_bytes(&signer).map_err(|_| Drop::BadSignature)?;
     if !key.verify(&signing_input(unsigned), &trailer[32..]) {
         return Err(Drop::BadSignature);

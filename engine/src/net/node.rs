@@ -4,6 +4,7 @@
 //! I/O except where the protocol says it must (the manifest of step t-1
 //! before computing step t+1).
 
+use super::diverge::{Conclusion, DivergenceVote};
 use super::msg::{
     self, Accuse, Announce, Body, Drop, Heartbeat, Manifest, Request, Response, Signed,
 };
@@ -177,10 +178,27 @@ pub enum NodeEvent {
         step: u32,
         contributors: Vec<u32>,
     },
-    /// This node's state differed from that of a leader with the same
-    /// history: the same manifests gave different weights.
+    /// More distinct leaders with the same history than could be faulty
+    /// published state hashes this node does not have: the same manifests
+    /// gave it different weights (`net::diverge`).
     Diverged {
         step: u32,
+    },
+    /// `leader`'s manifest for `step` stated a state hash this node does
+    /// not have, and too few others agree with it to doubt this node's own
+    /// state: evidence against the leader, the manifest's entries applied
+    /// as listed.
+    WrongStateHash {
+        step: u32,
+        leader: u32,
+    },
+    /// `leader`'s manifest for `step` listed bytes under `member`'s name
+    /// that `member` did not sign: skipped on every node (so `member` is
+    /// never audited on them), evidence against the leader.
+    ForgedEntry {
+        step: u32,
+        leader: u32,
+        member: u32,
     },
     /// A better manifest for `step` turned up after this node applied
     /// another one: it went back to its state before `step` and applies
@@ -233,6 +251,10 @@ pub struct NodeStats {
     pub compute_secs: f64,
     /// Members slashed by a quorum of accusations.
     pub slashed: BTreeSet<u32>,
+    /// Manifests whose state hash was a lone leader's (`WrongStateHash`).
+    pub wrong_state_hashes: u64,
+    /// Manifest entries their member did not sign (`ForgedEntry`).
+    pub forged_entries: u64,
 }
 
 impl NodeStats {
@@ -328,8 +350,17 @@ enum FromTrainer {
         event: NodeEvent,
         generation: u64,
     },
-    Diverged {
+    /// A manifest listed bytes under `member`'s name that it did not sign.
+    ForgedEntry {
         step: u32,
+        leader: u32,
+        member: u32,
+    },
+    /// The state-hash check of an applied manifest of the same history.
+    StateCheck {
+        step: u32,
+        leader: u32,
+        matches: bool,
     },
     Synced {
         step: u32,
@@ -802,6 +833,7 @@ fn train_loop(
     rx: std_mpsc::Receiver<ToTrainer>,
     tx: mpsc::UnboundedSender<FromTrainer>,
 ) -> Result<(), String> {
+    let signer = msg::keypair(&cfg.secret);
     let layout = trainer.layout().clone();
     let send = |m: FromTrainer| tx.send(m).map_err(|_| "network task gone".to_string());
     let mut guard = Guard {
@@ -939,7 +971,7 @@ fn train_loop(
                 let momentum = Arc::new(forged.map_or(before, |m| audit::encode_momentum(&m)));
                 compute_secs = stats.compute_secs;
                 loss = stats.loss;
-                let bytes = c.encode(&layout);
+                let bytes = c.encode_signed(&layout, &signer);
                 let announce = Announce {
                     job: cfg.job,
                     epoch: cfg.epoch,
@@ -997,9 +1029,11 @@ fn train_loop(
             let unblocked = now_us();
             // A leader with another history legitimately has other weights
             // (one of us rewinds once the better manifest is known).
-            if same_history && manifest.state_hash != current_hash {
-                send(FromTrainer::Diverged {
+            if same_history {
+                send(FromTrainer::StateCheck {
                     step: manifest.step,
+                    leader: manifest.leader,
+                    matches: manifest.state_hash == current_hash,
                 })?;
             }
             // Payloads that do not decode (or are not the member's for this
@@ -1011,10 +1045,19 @@ fn train_loop(
                 let Some(key) = cfg.members.get(*member as usize) else {
                     continue;
                 };
-                match Contribution::decode(bytes, &layout) {
+                match Contribution::decode_signed(bytes, &layout) {
                     Ok(c) if c.member == *key && c.step == manifest.step && c.job == cfg.job => {
                         contributions.push(c);
                         contributors.push(*member);
+                    }
+                    // Bytes listed under a member's name that the member did
+                    // not sign: the leader's doing, never the member's.
+                    Err(EngineError::Signature) if *member != manifest.leader => {
+                        send(FromTrainer::ForgedEntry {
+                            step: manifest.step,
+                            leader: manifest.leader,
+                            member: *member,
+                        })?;
                     }
                     _ => {}
                 }
@@ -1148,6 +1191,8 @@ struct Net {
     swarm: Swarm<Behaviour>,
     topic: IdentTopic,
     machine: StepMachine,
+    /// Who is wrong when a manifest's state hash is not ours.
+    divergence: DivergenceVote,
     peers: Vec<Option<PeerId>>,
     started: Instant,
     payloads: HashMap<[u8; 32], Vec<u8>>,
@@ -1227,6 +1272,27 @@ impl Net {
         }
     }
 
+    /// What a lying leader does to its manifest before signing it: states
+    /// a state hash that is not the state's, and lists under another
+    /// member's name a copy of that member's payload with one byte changed
+    /// (served by the leader itself).
+    fn lie(&mut self, m: &mut Manifest) {
+        m.state_hash = *blake3::hash(&m.state_hash).as_bytes();
+        let me = self.cfg.me;
+        if let Some(entry) = m.entries.iter_mut().find(|(who, _)| *who != me)
+            && let Some(real) = self.payloads.get(&entry.1)
+        {
+            let mut forged = real.clone();
+            let at = forged.len().saturating_sub(crate::wire::SIGNATURE_LEN + 1);
+            if let Some(b) = forged.get_mut(at) {
+                *b ^= 1;
+            }
+            let hash = *blake3::hash(&forged).as_bytes();
+            self.payloads.insert(hash, forged);
+            entry.1 = hash;
+        }
+    }
+
     fn retry_unpublished(&mut self) {
         for raw in std::mem::take(&mut self.unpublished) {
             self.publish(raw);
@@ -1235,18 +1301,34 @@ impl Net {
 
     /// Checks membership, job and replay; the signature was checked by
     /// [`msg::open`].
-    fn admit(&mut self, s: &Signed) -> Result<(), Drop> {
-        if *s.body.job() != self.cfg.job {
+    /// The checks that need no signature: job, membership, the node's own
+    /// messages coming back, and the step window. They run before the
+    /// signature is verified, so floods by outsiders cost no curve maths.
+    fn pre_admit(&self, body: &Body, signer: &[u8; 32]) -> Result<(), Drop> {
+        if *body.job() != self.cfg.job {
             return Err(Drop::WrongJob);
         }
-        if self.cfg.members.get(s.body.member() as usize) != Some(&s.signer) {
+        if self.cfg.members.get(body.member() as usize) != Some(signer) {
             return Err(Drop::NotMember);
         }
         // Gossip never hands a node its own messages: one coming back was
         // re-published by someone else.
-        if s.body.member() == self.cfg.me {
+        if body.member() == self.cfg.me {
             return Err(Drop::Replayed);
         }
+        let step = match body {
+            Body::Announce(a) => Some(a.step),
+            Body::Manifest(m) => Some(m.step),
+            _ => None,
+        };
+        if step.is_some_and(|s| !self.machine.in_window(s)) {
+            return Err(Drop::OutOfWindow);
+        }
+        Ok(())
+    }
+
+    /// What needs the signature checked first: heartbeat sequence numbers.
+    fn admit(&mut self, s: &Signed) -> Result<(), Drop> {
         if let Body::Heartbeat(h) = &s.body {
             if h.epoch != self.cfg.epoch {
                 return Err(Drop::WrongJob);
@@ -1262,11 +1344,18 @@ impl Net {
 
     fn on_gossip(&mut self, raw: &[u8]) -> MessageAcceptance {
         self.stats.bytes_in += raw.len() as u64;
-        let signed = match msg::open(raw).and_then(|s| self.admit(&s).map(|_| s)) {
+        let opened = msg::open_checked(raw, |b, k| self.pre_admit(b, k));
+        let signed = match opened.and_then(|s| self.admit(&s).map(|_| s)) {
             Ok(s) => s,
             Err(d) => {
                 self.stats.drop(d);
-                return MessageAcceptance::Reject;
+                // A lagging honest member may still speak of steps past
+                // this node's window: ignored, not held against it.
+                return if d == Drop::OutOfWindow {
+                    MessageAcceptance::Ignore
+                } else {
+                    MessageAcceptance::Reject
+                };
             }
         };
         let now = self.now();
@@ -1281,6 +1370,10 @@ impl Net {
                 Verdict::Equivocation => {
                     self.stats.equivocations += 1;
                     return MessageAcceptance::Reject;
+                }
+                Verdict::TooFar => {
+                    self.stats.drop(Drop::OutOfWindow);
+                    return MessageAcceptance::Ignore;
                 }
                 _ => self.stats.late += 1,
             },
@@ -1341,6 +1434,10 @@ impl Net {
             }
             Verdict::Stale => {
                 self.stats.late += 1;
+                MessageAcceptance::Ignore
+            }
+            Verdict::TooFar => {
+                self.stats.drop(Drop::OutOfWindow);
                 MessageAcceptance::Ignore
             }
         }
@@ -1445,7 +1542,14 @@ impl Net {
         self.pending.insert(id, Pending::Snapshot { step, peer });
     }
 
-    fn serve(&mut self, req: Request) -> Response {
+    /// Answers members only: snapshots, momenta and co-signatures are for
+    /// the job's members, and an outsider's requests cost nothing but this
+    /// check.
+    fn serve(&mut self, from: &PeerId, req: Request) -> Response {
+        if !self.peers.contains(&Some(*from)) {
+            self.stats.drop(Drop::NotMember);
+            return Response::NotFound;
+        }
         match req {
             Request::Payload(h) => self
                 .payloads
@@ -1881,7 +1985,10 @@ impl Net {
                 Action::RequestManifest { step, from } => {
                     self.ask(from, Request::Manifest { step }, Pending::Manifest);
                 }
-                Action::Publish(m) => {
+                Action::Publish(mut m) => {
+                    if self.cfg.defence.adversary == Some(Mode::LyingLeader) {
+                        self.lie(&mut m);
+                    }
                     let raw = msg::sign(&Body::Manifest(m.clone()), &self.key);
                     self.manifests_raw.insert(m.step, raw.clone());
                     self.publish(raw);
@@ -2071,7 +2178,9 @@ pub async fn run_with_control(
     let mut net = Net {
         machine: StepMachine::new(
             cfg.job, cfg.epoch, cfg.seed, n as u32, cfg.me, cfg.timing, None,
-        ),
+        )
+        .with_end(cfg.steps),
+        divergence: DivergenceVote::new(n as u32),
         peers: cfg.members.iter().map(swarm::peer_id).collect(),
         key,
         swarm,
@@ -2147,7 +2256,7 @@ pub async fn run_with_control(
                 }
                 SwarmEvent::Behaviour(BehaviourEvent::Blobs(request_response::Event::Message { peer, message, .. })) => match message {
                     request_response::Message::Request { request, channel, .. } => {
-                        let resp = net.serve(request);
+                        let resp = net.serve(&peer, request);
                         net.stats.bytes_out += resp.encode().len() as u64;
                         let _ = net.swarm.behaviour_mut().blobs.send_response(channel, resp);
                     }
@@ -2228,7 +2337,20 @@ pub async fn run_with_control(
                         net.prune();
                         net.drive();
                     }
-                    FromTrainer::Diverged { step } => on_event(&NodeEvent::Diverged { step }),
+                    FromTrainer::ForgedEntry { step, leader, member } => {
+                        net.stats.forged_entries += 1;
+                        on_event(&NodeEvent::ForgedEntry { step, leader, member });
+                    }
+                    FromTrainer::StateCheck { step, leader, matches } => {
+                        match net.divergence.check(step, leader, matches) {
+                            Conclusion::Agreed => {}
+                            Conclusion::Suspect { leader } => {
+                                net.stats.wrong_state_hashes += 1;
+                                on_event(&NodeEvent::WrongStateHash { step, leader });
+                            }
+                            Conclusion::Diverged => on_event(&NodeEvent::Diverged { step }),
+                        }
+                    }
                     FromTrainer::AuditTargets { step, targets } => {
                         if net.debug {
                             eprintln!("[{}] audit step {step}: {:?}", net.cfg.me, targets.iter().map(|t| t.member).collect::<Vec<_>>());

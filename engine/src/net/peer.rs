@@ -197,6 +197,16 @@ fn event_json(e: &NodeEvent) -> Option<String> {
         }
         NodeEvent::Diverged { step } => format!(r#"{{"event":"diverged","step":{step}}}"#),
         NodeEvent::Rewound { step } => format!(r#"{{"event":"rewound","step":{step}}}"#),
+        NodeEvent::ForgedEntry {
+            step,
+            leader,
+            member,
+        } => format!(
+            r#"{{"event":"forged_entry","step":{step},"leader":{leader},"member":{member}}}"#
+        ),
+        NodeEvent::WrongStateHash { step, leader } => {
+            format!(r#"{{"event":"wrong_state_hash","step":{step},"leader":{leader}}}"#)
+        }
         NodeEvent::Audited(r) => {
             let (overlap, agreement) = r
                 .comparison

@@ -90,7 +90,15 @@ pub enum Verdict {
     /// must go back to its state before the step (the machine already
     /// re-applies from there).
     Rewind,
+    /// For a step beyond the window this node keeps state for (or past the
+    /// epoch's end): ignored, so a member flooding far-future steps
+    /// creates no state and no fetches.
+    TooFar,
 }
+
+/// Steps ahead of the next one to apply that a node keeps state for; a
+/// node that has not synced yet tracks at most twice this many steps.
+pub const STEP_WINDOW: u32 = 16;
 
 /// Two manifests one leader signed for the same step and attempt.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -112,6 +120,9 @@ struct StepState {
     last_produced_us: u64,
     /// History id after applying `manifest` (set once it is applied).
     chain: Option<[u8; 32]>,
+    /// Manifests (leader, attempt) that list a payload no member could
+    /// serve: disqualified, so a fall-back can replace them.
+    unservable: BTreeSet<(u32, u8)>,
 }
 
 #[derive(Debug)]
@@ -153,6 +164,8 @@ pub struct StepMachine {
     /// refused, nobody waits for them, and this node's manifests leave
     /// them out.
     slashed: BTreeSet<u32>,
+    /// One past the epoch's last step: nothing at or after it is tracked.
+    end: u32,
 }
 
 impl StepMachine {
@@ -187,6 +200,26 @@ impl StepMachine {
             pruned_to: None,
             base: (start.unwrap_or(0), [0; 32]),
             slashed: BTreeSet::new(),
+            end: u32::MAX,
+        }
+    }
+
+    /// Sets one past the epoch's last step (default: no end).
+    pub fn with_end(mut self, end: u32) -> Self {
+        self.end = end;
+        self
+    }
+
+    /// Whether `step` is inside the window this node keeps state for:
+    /// before the epoch's end, and at most `STEP_WINDOW` steps past the next
+    /// one to apply (a node still syncing tracks a bounded number of steps).
+    pub fn in_window(&self, step: u32) -> bool {
+        if step >= self.end {
+            return false;
+        }
+        match self.next_apply {
+            Some(next) => step < next.saturating_add(STEP_WINDOW),
+            None => self.steps.contains_key(&step) || self.steps.len() < 2 * STEP_WINDOW as usize,
         }
     }
 
@@ -274,6 +307,9 @@ impl StepMachine {
         if self.next_apply.is_some_and(|s| a.step < s) || self.slashed.contains(&a.member) {
             return Verdict::Stale;
         }
+        if !self.in_window(a.step) {
+            return Verdict::TooFar;
+        }
         let st = self.step_mut(a.step);
         st.opened.get_or_insert(now);
         match st.announced.get(&a.member) {
@@ -311,10 +347,40 @@ impl StepMachine {
     }
 
     /// A fetch failed or timed out: try the next holder on the next poll.
+    /// Once every member has been asked in vain for a payload the step's
+    /// (unapplied) manifest lists, that manifest is unservable: it is
+    /// disqualified and the best other manifest, or a fall-back leader's,
+    /// takes the step. Without this an attempt-0 leader that lists a hash
+    /// nobody holds (or dies right after publishing) stalls the job forever.
     pub fn on_fetch_failed(&mut self, hash: [u8; 32]) {
-        if let Some(p) = self.pending.get_mut(&hash) {
-            p.tries += 1;
-            self.failed.insert(hash);
+        let Some(p) = self.pending.get_mut(&hash) else {
+            return;
+        };
+        p.tries += 1;
+        self.failed.insert(hash);
+        let (step, tries) = (p.step, p.tries);
+        if tries < self.n.max(2) || self.next_apply.is_none_or(|next| step < next) {
+            return;
+        }
+        let Some(st) = self.steps.get_mut(&step) else {
+            return;
+        };
+        let Some(m) = st.manifest.as_ref().filter(|_| st.missing.contains(&hash)) else {
+            return;
+        };
+        st.unservable.insert((m.leader, m.attempt));
+        st.manifest = None;
+        st.missing.clear();
+        let unservable = st.unservable.clone();
+        let best = st
+            .by_leader
+            .iter()
+            .filter(|(k, _)| !unservable.contains(k))
+            .filter_map(|(_, ms)| ms.first())
+            .min_by_key(|m| m.rank())
+            .cloned();
+        if let Some(m) = best {
+            self.install(m);
         }
     }
 
@@ -379,6 +445,9 @@ impl StepMachine {
             return Verdict::WrongLeader;
         }
         let applied = self.next_apply.is_some_and(|s| m.step < s);
+        if !applied && !self.in_window(m.step) {
+            return Verdict::TooFar;
+        }
         // Steps already pruned, or from before this node's start, cannot be
         // rewound to.
         if applied && (m.step < self.base.0 || !self.steps.contains_key(&m.step)) {
@@ -386,6 +455,9 @@ impl StepMachine {
         }
         let st = self.step_mut(m.step);
         st.opened.get_or_insert(now);
+        if st.unservable.contains(&(m.leader, m.attempt)) {
+            return Verdict::Stale;
+        }
         let seen = st.by_leader.entry((m.leader, m.attempt)).or_default();
         if seen.contains(&m) {
             return Verdict::Duplicate;
@@ -1108,6 +1180,92 @@ mod tests {
         assert_eq!(m.on_manifest(MS, primary.clone()), Verdict::Accepted);
         assert_eq!(m.manifest(3), Some(&primary));
         assert_eq!(m.on_manifest(MS, base), Verdict::Duplicate);
+    }
+
+    #[test]
+    fn announcements_and_manifests_beyond_the_window_create_no_state_or_fetches() {
+        let mut m = machines(4).remove(0).with_end(100);
+        m.on_applied(0, [0; 32]);
+        let near = announce(STEP_WINDOW - 1, 2);
+        assert_eq!(m.on_announce(MS, &near), Verdict::Accepted);
+        for step in [STEP_WINDOW, 50, 99, 100, 1_000_000] {
+            assert_eq!(
+                m.on_announce(MS, &announce(step, 2)),
+                Verdict::TooFar,
+                "step {step}"
+            );
+            let leader = m.leader(step, 0);
+            let far = Manifest {
+                job: [1; 32],
+                epoch: 0,
+                step,
+                attempt: 0,
+                leader,
+                state_hash: [0; 32],
+                parent: [0; 32],
+                entries: vec![(2, [9; 32])],
+            };
+            assert_eq!(m.on_manifest(MS, far), Verdict::TooFar, "step {step}");
+        }
+        // Only the in-window announcement is fetched or remembered.
+        let fetches: Vec<Action> = m
+            .poll(MS)
+            .into_iter()
+            .filter(|a| matches!(a, Action::Fetch { .. }))
+            .collect();
+        assert_eq!(
+            fetches,
+            vec![Action::Fetch {
+                hash: near.payload_hash,
+                from: 2
+            }]
+        );
+        assert_eq!(m.steps.len(), 1);
+    }
+
+    #[test]
+    fn a_node_still_syncing_tracks_a_bounded_number_of_steps() {
+        let mut m = StepMachine::new([1; 32], 0, [2; 32], 4, 0, Timing::default(), None);
+        let accepted = (0..1_000)
+            .filter(|s| m.on_announce(MS, &announce(*s, 1)) == Verdict::Accepted)
+            .count();
+        assert_eq!(accepted, 2 * STEP_WINDOW as usize);
+        assert!(m.steps.len() <= 2 * STEP_WINDOW as usize);
+    }
+
+    #[test]
+    fn a_manifest_listing_a_payload_nobody_can_serve_is_replaced_by_a_fall_back() {
+        let mut m = machines(3).remove(0);
+        m.on_applied(0, [0; 32]);
+        let (l0, l1) = (m.leader(0, 0), m.leader(0, 1));
+        let manifest = |attempt: u8, leader: u32, hash: u8| Manifest {
+            job: [1; 32],
+            epoch: 0,
+            step: 0,
+            attempt,
+            leader,
+            state_hash: [0; 32],
+            parent: [0; 32],
+            entries: vec![(leader, [hash; 32])],
+        };
+        let stuck = manifest(0, l0, 0xEE);
+        assert_eq!(m.on_manifest(MS, stuck.clone()), Verdict::Accepted);
+        // Author, leader and the third member each fail to serve it.
+        for _ in 0..3 {
+            assert_eq!(m.manifest(0), Some(&stuck));
+            m.on_fetch_failed([0xEE; 32]);
+        }
+        assert_eq!(
+            m.manifest(0),
+            None,
+            "an unservable manifest still holds the step"
+        );
+        // Nothing outranks attempt 0, yet the fall-back takes the step and
+        // the stuck manifest, sent again, changes nothing.
+        let fallback = manifest(1, l1, 0x11);
+        assert_eq!(m.on_manifest(MS, fallback.clone()), Verdict::Accepted);
+        assert_eq!(m.on_manifest(MS, stuck), Verdict::Stale);
+        assert_eq!(m.manifest(0), Some(&fallback));
     }
 
     #[test]

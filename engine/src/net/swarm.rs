@@ -13,8 +13,8 @@ use libp2p::identity::{self, ed25519};
 use libp2p::swarm::NetworkBehaviour;
 use libp2p::swarm::behaviour::toggle::Toggle;
 use libp2p::{
-    PeerId, StreamProtocol, Swarm, SwarmBuilder, Transport, autonat, dcutr, gossipsub, identify,
-    kad, mdns, noise, ping, relay, request_response, tcp, yamux,
+    PeerId, StreamProtocol, Swarm, SwarmBuilder, Transport, autonat, connection_limits, dcutr,
+    gossipsub, identify, kad, mdns, noise, ping, relay, request_response, tcp, yamux,
 };
 use std::io;
 use std::time::Duration;
@@ -27,6 +27,8 @@ pub const GOSSIP_TRANSMIT_MAX: usize = 64 * 1024;
 
 #[derive(NetworkBehaviour)]
 pub struct Behaviour {
+    /// First, so a connection it denies is never seen by the others.
+    pub limits: connection_limits::Behaviour,
     pub gossip: gossipsub::Behaviour,
     pub blobs: request_response::Behaviour<BlobCodec>,
     pub identify: identify::Behaviour,
@@ -36,6 +38,16 @@ pub struct Behaviour {
     pub dcutr: dcutr::Behaviour,
     pub autonat: autonat::Behaviour,
     pub ping: ping::Behaviour,
+}
+
+/// Connection limits: a flooder cannot hold more than a few connections
+/// per peer id, nor exhaust the node with half-open or inbound ones. Loose
+/// enough for a job of 1,000 members behind relays.
+fn limits() -> connection_limits::ConnectionLimits {
+    connection_limits::ConnectionLimits::default()
+        .with_max_established_per_peer(Some(8))
+        .with_max_pending_incoming(Some(64))
+        .with_max_established_incoming(Some(2048))
 }
 
 /// Length-prefixed frames with hard size limits: a peer announcing a larger
@@ -184,6 +196,7 @@ pub fn build(
                 None
             };
             Ok::<_, Box<dyn std::error::Error + Send + Sync>>(Behaviour {
+                limits: connection_limits::Behaviour::new(limits()),
                 gossip,
                 blobs,
                 identify: identify::Behaviour::new(identify::Config::new(

@@ -7,15 +7,17 @@ use cohort_program::client;
 use cohort_program::error::CohortError;
 use cohort_program::instruction::NodeTerms;
 use cohort_program::merkle::MerkleTree;
-use cohort_program::schedule::Committee;
+use cohort_program::schedule::SEAL_DELAY_SLOTS;
 use cohort_program::state::*;
 use solana_program_test::{BanksClientError, ProgramTest, ProgramTestContext, processor};
 use solana_sdk::account::Account;
 use solana_sdk::clock::Clock;
+use solana_sdk::hash::Hash;
 use solana_sdk::instruction::{Instruction, InstructionError};
 use solana_sdk::pubkey::Pubkey;
 use solana_sdk::rent::Rent;
 use solana_sdk::signature::{Keypair, Signer};
+use solana_sdk::slot_hashes::SlotHashes;
 use solana_sdk::transaction::{Transaction, TransactionError};
 use std::collections::BTreeSet;
 
@@ -28,6 +30,7 @@ pub fn spec() -> JobSpec {
     let mut s = JobSpec {
         model_hash: [7; 32],
         arch: [0; 64],
+        recipe_hash: [3; 32],
         dataset_id: [9; 32],
         global_batch: 32,
         seq_len: 128,
@@ -77,6 +80,10 @@ pub struct Env {
     /// Lamports sent to the incinerator (slashed stake, unclaimed pay).
     pub burned: u64,
     pub now: i64,
+    /// The bank's clock slot as the program sees it, and the `SlotHashes`
+    /// entries (newest first) for every slot before it.
+    pub slot: u64,
+    pub hashes: Vec<(u64, Hash)>,
 }
 
 /// The runtime burns whatever this address holds.
@@ -96,7 +103,8 @@ pub fn program_test() -> ProgramTest {
 impl Env {
     pub async fn new() -> Self {
         let mut ctx = program_test().start_with_context().await;
-        // SlotHashes is empty at genesis; one warp fills it.
+        // The warp makes the bank's slot 5; the clock and SlotHashes are
+        // then set by the harness (`advance_slots`).
         ctx.warp_to_slot(5).unwrap();
         let rent = ctx.banks_client.get_rent().await.unwrap();
         let mut env = Self {
@@ -107,7 +115,11 @@ impl Env {
             fees: 0,
             burned: 0,
             now: T0,
+            slot: 5,
+            hashes: Vec::new(),
         };
+        env.set_slot_hashes(&[]);
+        env.advance_slots(1);
         env.set_time(T0);
         let payer = env.ctx.payer.pubkey();
         env.track(payer);
@@ -117,7 +129,7 @@ impl Env {
 
     pub fn set_time(&mut self, t: i64) {
         let mut clock: Clock = Clock {
-            slot: 5,
+            slot: self.slot,
             unix_timestamp: t,
             ..Default::default()
         };
@@ -128,6 +140,33 @@ impl Env {
 
     pub fn advance(&mut self, secs: i64) {
         self.set_time(self.now + secs);
+    }
+
+    /// Moves the clock `n` slots on; each slot passed gets a fresh random
+    /// hash (no one, the test included, can predict it).
+    pub fn advance_slots(&mut self, n: u64) {
+        for _ in 0..n {
+            let h = Hash::new_from_array(Keypair::new().pubkey().to_bytes());
+            self.hashes.insert(0, (self.slot, h));
+            self.slot += 1;
+        }
+        self.hashes.truncate(512);
+        let entries = self.hashes.clone();
+        self.set_slot_hashes(&entries);
+        self.set_time(self.now);
+    }
+
+    pub fn set_slot_hashes(&mut self, entries: &[(u64, Hash)]) {
+        self.hashes = entries.to_vec();
+        self.ctx.set_sysvar(&SlotHashes::new(entries));
+    }
+
+    /// The raw `SlotHashes` data, as a client reads it.
+    pub async fn slot_hashes_data(&mut self) -> Vec<u8> {
+        self.account(&solana_sdk::sysvar::slot_hashes::ID)
+            .await
+            .expect("slot hashes")
+            .data
     }
 
     pub fn track(&mut self, k: Pubkey) {
@@ -269,12 +308,58 @@ impl Env {
             .await
     }
 
+    /// Starts the next epoch, lets its seal slot pass and seals it.
     pub async fn start_epoch(&mut self, job: &Pubkey) -> Result<u32, BanksClientError> {
+        let e = self.start_unsealed(job).await?;
+        self.advance_slots(SEAL_DELAY_SLOTS + 1);
+        self.seal(job, e).await?;
+        Ok(e)
+    }
+
+    pub async fn start_unsealed(&mut self, job: &Pubkey) -> Result<u32, BanksClientError> {
         let j: Job = self.state(job).await;
         let payer = self.ctx.payer.pubkey();
         self.send(&[client::start_epoch(&payer, job, j.epochs_started)], &[])
             .await?;
         Ok(j.epochs_started)
+    }
+
+    /// Seals epoch `e` as an honest client would: the committee drawn from
+    /// the seal slot's hash, each seat's active member named.
+    pub async fn seal(&mut self, job: &Pubkey, e: u32) -> Result<(), BanksClientError> {
+        let ix = self.seal_ix(job, e).await;
+        self.send(&[ix], &[]).await
+    }
+
+    pub async fn seal_ix(&mut self, job: &Pubkey, e: u32) -> Instruction {
+        let j: Job = self.state(job).await;
+        let epoch: Epoch = self.state(&client::epoch_address(job, e)).await;
+        let data = self.slot_hashes_data().await;
+        let seats = client::committee_to_seal(&data, job, &j, &epoch).expect("seal slot hashed");
+        let by_index = self.active_members(job).await;
+        let owners: Vec<Pubkey> = seats
+            .iter()
+            .map(|i| by_index[*i as usize].expect("a member at every drawn index"))
+            .collect();
+        client::seal_epoch(job, e, &owners)
+    }
+
+    /// Every tracked active member of `job`, by index.
+    pub async fn active_members(&mut self, job: &Pubkey) -> Vec<Option<Pubkey>> {
+        let j: Job = self.state(job).await;
+        let mut out = vec![None; j.member_count as usize];
+        for k in self.tracked.clone() {
+            if let Some(acc) = self.account(&k).await
+                && acc.owner == cohort_program::ID
+                && let Ok(m) = Member::decode(&acc.data)
+                && m.job == *job
+                && m.status == MemberStatus::Active
+                && (m.index as usize) < out.len()
+            {
+                out[m.index as usize] = Some(m.node);
+            }
+        }
+        out
     }
 
     /// Owners of the active members of `job`, by index, among `candidates`.
@@ -298,29 +383,15 @@ impl Env {
         out
     }
 
-    /// The witnesses of `epoch`, in seat order.
+    /// The witnesses of `epoch`, in seat order (empty seats left out).
     pub async fn witnesses(
         &mut self,
         job: &Pubkey,
         epoch: u32,
-        candidates: &[&Keypair],
+        _candidates: &[&Keypair],
     ) -> Vec<Pubkey> {
         let e: Epoch = self.state(&client::epoch_address(job, epoch)).await;
-        let j: Job = self.state(job).await;
-        let by_index = self.members_by_index(job, candidates).await;
-        let seated: Vec<Pubkey> = Committee::new(&e.seed, e.members_at_start, j.spec.witness_count)
-            .members()
-            .filter_map(|i| by_index.get(i as usize).copied().flatten())
-            .collect();
-        // A member that (re)joined after the epoch started holds no seat in it.
-        let mut out = Vec::with_capacity(seated.len());
-        for k in seated {
-            let m: Member = self.state(&client::member_address(job, &k)).await;
-            if m.joined_epoch <= epoch {
-                out.push(k);
-            }
-        }
-        out
+        e.seated().map(|(_, k)| *k).collect()
     }
 }
 
