@@ -24,6 +24,7 @@ use cohort_engine::net::step::Timing;
 use cohort_engine::net::swarm;
 use cohort_engine::recipe;
 use cohort_program::client;
+use cohort_program::error::CohortError;
 use cohort_program::instruction::NodeTerms;
 use cohort_program::state::{
     Benchmark, Candidate, Epoch, Job, JobState, Member, MemberStatus, Node, may_join,
@@ -639,8 +640,17 @@ pub async fn run_with(
                         .await
                     {
                         Ok(_) => say(report, &pk, format!("started epoch {started}")),
-                        // Another member was first, or the chain is away:
-                        // the next read decides.
+                        // Another member was first (expected: not news), or
+                        // the chain is away: the next read decides.
+                        Err(e)
+                            if crate::chain::refused_with(&e, CohortError::AlreadyInitialized)
+                                || crate::chain::refused_with(
+                                    &e,
+                                    CohortError::EpochNotFinalized,
+                                ) =>
+                        {
+                            tracing::debug!("start_epoch {started}: another member was first");
+                        }
                         Err(e) => say(report, &pk, format!("start_epoch {started}: {e}")),
                     }
                 }
@@ -737,8 +747,12 @@ pub async fn run_with(
                         ),
                     );
                 }
-                // A quorum may have finalized it meanwhile: the next
+                // A quorum may have finalized it meanwhile (the race every
+                // late witness loses): nothing to tell the user; the next
                 // read of the epoch says so, and nothing is resent then.
+                Err(err) if crate::chain::refused_with(&err, CohortError::EpochFinalized) => {
+                    tracing::debug!("attest_epoch {e}: finalized before this vote landed");
+                }
                 Err(err) => say(report, &pk, format!("attest_epoch {e}: {err}")),
             }
         }

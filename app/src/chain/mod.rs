@@ -314,12 +314,42 @@ fn short(e: &ClientError) -> String {
     }
 }
 
+/// A transaction the Cohort program refused, with the program's own error:
+/// callers tell expected races (an epoch someone else already finalized)
+/// from failures with [`refused_with`], not by matching text.
+#[derive(Debug, Clone)]
+pub struct Refused {
+    pub what: String,
+    pub error: CohortError,
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} refused by the Cohort program: {}",
+            self.what, self.error
+        )
+    }
+}
+
+impl std::error::Error for Refused {}
+
+/// Whether `e` is the Cohort program refusing with `error`.
+pub fn refused_with(e: &anyhow::Error, error: CohortError) -> bool {
+    e.downcast_ref::<Refused>()
+        .is_some_and(|r| r.error == error)
+}
+
 /// A refused transaction in the user's terms: Cohort's own errors by name.
 pub fn explain(what: &str, e: &TransactionError) -> anyhow::Error {
     match e {
         TransactionError::InstructionError(_, InstructionError::Custom(code)) => {
             match CohortError::from_code(*code) {
-                Some(c) => anyhow!("{what} refused by the Cohort program: {c}"),
+                Some(error) => anyhow::Error::new(Refused {
+                    what: what.to_string(),
+                    error,
+                }),
                 None => anyhow!("{what} refused: custom error {code}"),
             }
         }
@@ -330,5 +360,27 @@ pub fn explain(what: &str, e: &TransactionError) -> anyhow::Error {
             anyhow!("{what}: insufficient funds")
         }
         other => anyhow!("{what} refused: {other}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_program_refusal_is_told_apart_by_its_error_and_still_reads_as_before() {
+        let te = TransactionError::InstructionError(
+            0,
+            InstructionError::Custom(CohortError::EpochFinalized as u32),
+        );
+        let e = explain("attest_epoch", &te);
+        assert!(refused_with(&e, CohortError::EpochFinalized));
+        assert!(!refused_with(&e, CohortError::AlreadyVoted));
+        assert_eq!(
+            e.to_string(),
+            "attest_epoch refused by the Cohort program: epoch is already finalized"
+        );
+        let other = explain("attest_epoch", &TransactionError::AccountNotFound);
+        assert!(!refused_with(&other, CohortError::EpochFinalized));
     }
 }
