@@ -1289,6 +1289,10 @@ impl Net {
             }
             let hash = *blake3::hash(&forged).as_bytes();
             self.payloads.insert(hash, forged);
+            // Held in the machine too, or `prune` drops the bytes and the
+            // manifest becomes unservable (and is replaced) before anyone
+            // sees the forgery.
+            self.machine.on_payload(hash);
             entry.1 = hash;
         }
     }
