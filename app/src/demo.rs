@@ -8,7 +8,7 @@
 use crate::chain::embedded::Embedded;
 use crate::chain::{Chain, LAMPORTS_PER_SOL, sol};
 use crate::job::{self, SpecFile};
-use crate::node::{self, Progress};
+use crate::node::{self, OperatorEvent};
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use cohort_engine::data::Corpus;
 use cohort_program::state::{Job, JobState};
@@ -126,17 +126,17 @@ pub async fn run(opts: Options) -> Result<Summary> {
         let lines = bars.clone();
         let chain = Chain::new(embedded.client(), "embedded chain");
         let me = Keypair::new();
-        let o = node::Options::local(job, base, data.join(format!("node{i}")));
+        let o = node::OperatorConfig::local(job, base, data.join(format!("node{i}")));
         tasks.spawn(async move {
-            let report = move |pk: &Pubkey, p: Progress| {
+            let report = move |pk: &Pubkey, p: OperatorEvent| {
                 if !tty {
                     return node::print_report(pk, p);
                 }
                 match p {
-                    Progress::Line(l) => {
+                    OperatorEvent::Line(l) => {
                         let _ = lines.println(format!("[node {i}] {l}"));
                     }
-                    Progress::Step(node::StepProgress {
+                    OperatorEvent::Step(node::StepProgress {
                         epoch,
                         done,
                         of,
@@ -149,10 +149,10 @@ pub async fn run(opts: Options) -> Result<Summary> {
                             "epoch {epoch}, loss {loss:.3}, {contributors} contributors"
                         ));
                     }
-                    Progress::Links(_) | Progress::Audit(_) => {}
+                    OperatorEvent::Links(_) | OperatorEvent::Audit(_) => {}
                 }
             };
-            let r = node::run_with(&chain, &me, &o, &report).await;
+            let r = node::operate(&chain, &me, &o, &report).await;
             (i, r)
         });
     }

@@ -41,6 +41,11 @@ pub enum Mode {
     /// is not the state's and lists, under another member's name, bytes
     /// that member never signed (network node only; not in [`Mode::ALL`]).
     LyingLeader,
+    /// Sends honest payloads but never answers a request for them (an
+    /// author that trickles), and as a step leader heartbeats but never
+    /// publishes (a silent leader). Network node only; not in
+    /// [`Mode::ALL`].
+    Stalling,
 }
 
 impl Mode {
@@ -69,13 +74,14 @@ impl Mode {
             Mode::EquivocatingLeader => "equivocating-leader",
             Mode::ForgedMomentum => "forged-momentum",
             Mode::LyingLeader => "lying-leader",
+            Mode::Stalling => "stalling",
         }
     }
 
     pub fn parse(s: &str) -> Option<Mode> {
         Mode::ALL
             .into_iter()
-            .chain([Mode::ForgedMomentum, Mode::LyingLeader])
+            .chain([Mode::ForgedMomentum, Mode::LyingLeader, Mode::Stalling])
             .find(|m| m.name() == s)
     }
 
@@ -134,7 +140,10 @@ pub fn forge(mode: Mode, a: &Attack) -> Payload {
     match (mode, a.own) {
         (Mode::SignFlip | Mode::ForgedMomentum, Some(own)) => map_signs(own, |_, neg| !neg),
         (Mode::Noise, Some(own)) => map_signs(own, |_, _| rng.next() & 1 == 1),
-        (Mode::Scale | Mode::EquivocatingLeader | Mode::LyingLeader, Some(own)) => own.clone(),
+        (
+            Mode::Scale | Mode::EquivocatingLeader | Mode::LyingLeader | Mode::Stalling,
+            Some(own),
+        ) => own.clone(),
         (Mode::Alie, _) => against_majority(a, &mut rng, false),
         (Mode::Ipm, _) => against_majority(a, &mut rng, true),
         (Mode::Copycat, _) if !a.honest.is_empty() => a.honest[rng.below(a.honest.len())].clone(),

@@ -6,9 +6,12 @@
 //! Per step: members compute (attackers forge, seeing every honest payload
 //! first); every node screens the step's payloads identically; flagged ones
 //! get no vote this step, and among byte-identical payloads only one votes.
-//! Flagged contributions are audited, and others at random; an audit
-//! that fails is repeated by further witnesses, and `quorum` failures slash
-//! the member: it gets no vote from then on (on chain, `report_fraud`).
+//! Who audits what is [`crate::defence`]'s to say, as on the network:
+//! flagged contributions by each of their `quorum` auditors, others when an
+//! auditor's coin draws them, confirmed by the other auditors if the first
+//! audit fails; `quorum` failures on the same evidence slash the member: it
+//! gets no vote from then on (on chain, `report_fraud`). The witnesses are
+//! the honest members; one engine recomputes for all of them.
 //!
 //! A flagged payload that passes its one-step audit also gets the momentum
 //! chain check (see [`crate::audit`]): the witness replays the member's
@@ -23,11 +26,14 @@ use crate::audit::{self, AuditConfig, Comparison};
 use crate::backend::GradientEngine;
 use crate::compress::Payload;
 use crate::data::Corpus;
+use crate::defence::{self, Accusation, Duty, Policy, Tally};
 use crate::error::EngineError;
+use crate::net::msg;
 use crate::params::ParamSet;
 use crate::runner::{RunConfig, epoch_seed, member_key};
 use crate::trainer::{Identity, Trainer};
 use crate::wire::Contribution;
+use libp2p::identity::ed25519;
 use std::collections::BTreeMap;
 use std::time::Instant;
 
@@ -126,6 +132,20 @@ pub fn run(
         witness_engine,
         identity(0),
     )?;
+    // The witnesses are the honest members, each with a key of its own for
+    // its audit coins.
+    let witnesses: Vec<u32> = (0..run.members as u32)
+        .filter(|w| !cfg.adversaries.contains_key(&(*w as usize)))
+        .collect();
+    let witness_keys: Vec<ed25519::Keypair> = (0..run.members as u32)
+        .map(|w| {
+            let mut h = blake3::Hasher::new();
+            h.update(b"cohort-arena-witness");
+            h.update(&run.job);
+            h.update(&w.to_le_bytes());
+            msg::keypair(h.finalize().as_bytes())
+        })
+        .collect();
     let mut report = ArenaReport::default();
     let mut first_sent: BTreeMap<usize, Payload> = BTreeMap::new();
     let mut recent: Vec<[u8; 32]> = Vec::new();
@@ -230,17 +250,45 @@ pub fn run(
         if recent.len() > keep {
             recent.drain(..recent.len() - keep);
         }
-        // 4. Audits, on the weights the contributions were computed on.
+        // 4. Audits, on the weights the contributions were computed on, as
+        //    the defence policy assigns them (the same module and seeds as
+        //    the network node): a flagged contribution by each of its
+        //    auditors, one drawn by an auditor's coin first by that auditor
+        //    and, if it fails, by the others to confirm.
         if cfg.defend {
-            let reveal = *blake3::hash(&hashes.concat()).as_bytes();
+            let policy = Policy {
+                audit: cfg.audit,
+                witnesses: witnesses
+                    .iter()
+                    .copied()
+                    .filter(|w| !report.slashed.contains_key(&(*w as usize)))
+                    .collect(),
+                seed,
+                job: run.job,
+                epoch,
+            };
             for (j, (i, payload)) in sent.iter().enumerate() {
-                let targeted = screens[j].flagged(&cfg.audit);
-                if !targeted && !audit::sampled(&reveal, step, *i as u32, cfg.audit.rate) {
+                let member = *i as u32;
+                let flagged = screens[j].flagged(&cfg.audit);
+                let auditors = policy.auditors(step, member);
+                let duties: Vec<(u32, Duty)> = auditors
+                    .iter()
+                    .map(|&a| {
+                        let key = &witness_keys[a as usize];
+                        let duty = policy.duty(a, step, member, &hashes[j], flagged, |m| {
+                            defence::signature(key, m)
+                        });
+                        (a, duty)
+                    })
+                    .collect();
+                let Some(&(first, Duty::Audit { chained, ground })) =
+                    duties.iter().find(|(_, d)| matches!(d, Duty::Audit { .. }))
+                else {
                     continue;
-                }
+                };
                 report.audits += 1;
-                report.targeted += usize::from(targeted);
-                if mode(*i).is_none() && targeted {
+                report.targeted += usize::from(flagged);
+                if mode(*i).is_none() && flagged {
                     report.honest_flagged += 1;
                 }
                 // A member that computed nothing reveals a zero momentum.
@@ -248,62 +296,56 @@ pub fn run(
                     .as_ref()
                     .map_or_else(|| zeros(&trainers[*i]), |c| c.0.clone());
                 let prev_step = step.checked_sub(1);
-                let previous = match (prev_step, &last_weights, last_revealed.get(i)) {
-                    (Some(s), Some(w), Some(m))
-                        if targeted
-                            || audit::sampled(&reveal, step, *i as u32, cfg.audit.chain_rate) =>
-                    {
-                        Some(Previous {
-                            weights: w,
-                            seed: epoch_seed(&run.job, s / run.steps_per_epoch.max(1)),
-                            epoch: s / run.steps_per_epoch.max(1),
-                            momentum: m,
-                        })
-                    }
+                let previous = || match (prev_step, &last_weights, last_revealed.get(i)) {
+                    (Some(s), Some(w), Some(m)) => Some(Previous {
+                        weights: w,
+                        seed: epoch_seed(&run.job, s / run.steps_per_epoch.max(1)),
+                        epoch: s / run.steps_per_epoch.max(1),
+                        momentum: m,
+                    }),
                     _ => None,
                 };
-                let case = Audited {
+                let case = |chained: bool| Audited {
                     seed: &seed,
                     epoch,
                     step,
                     member: *i,
                     momentum: &revealed,
                     sent: payload,
-                    previous,
+                    previous: previous().filter(|_| chained),
                 };
-                let verdict = case.check(&mut witness, cfg, &mut report.audit_secs)?;
-                let c = verdict.comparison;
-                if let Some(err) = verdict.chain_error {
-                    report.chain_checks += 1;
-                    report.chain_failed += usize::from(err > cfg.audit.max_chain_error);
-                    if mode(*i).is_none() {
-                        let worst = report.worst_honest_chain.get_or_insert(err);
-                        *worst = worst.max(err);
-                    } else {
-                        let least = report.least_attacker_chain.get_or_insert(err);
-                        *least = least.min(err);
+                let evidence = audit::evidence_id(&run.job, epoch, step, member, &hashes[j]);
+                let mut tally = Tally::default();
+                // Who audits, in order: the first auditor, then (flagged)
+                // every other auditor, or (drawn) the others only once the
+                // first audit failed.
+                let mut order = vec![(first, chained)];
+                order.extend(auditors.iter().filter(|a| **a != first).map(|a| (*a, true)));
+                let mut convicted = false;
+                for (k, (auditor, chained)) in order.into_iter().enumerate() {
+                    let verdict = case(chained).check(&mut witness, cfg, &mut report.audit_secs)?;
+                    if k == 0 {
+                        note_first_audit(&mut report, &verdict, mode(*i).is_none(), &cfg.audit);
                     }
-                }
-                if mode(*i).is_none() {
-                    let worst = report.worst_honest.get_or_insert(c);
-                    if c.overlap < worst.overlap || c.agreement < worst.agreement {
-                        *worst = Comparison {
-                            overlap: c.overlap.min(worst.overlap),
-                            agreement: c.agreement.min(worst.agreement),
-                        };
+                    if verdict.passes(&cfg.audit) {
+                        if flagged {
+                            continue;
+                        }
+                        break;
                     }
+                    if k == 0 {
+                        report.failed_audits += 1;
+                    }
+                    let accusation = Accusation {
+                        witness: auditor,
+                        accused: member,
+                        step,
+                        evidence,
+                        ground,
+                    };
+                    convicted |= matches!(tally.add(&policy, &accusation), Ok(Some(_)));
                 }
-                if verdict.passes(&cfg.audit) {
-                    continue;
-                }
-                report.failed_audits += 1;
-                // Further witnesses confirm before anyone is slashed.
-                let mut fails = 1;
-                for _ in 1..cfg.audit.quorum {
-                    let again = case.check(&mut witness, cfg, &mut report.audit_secs)?;
-                    fails += usize::from(!again.passes(&cfg.audit));
-                }
-                if fails >= cfg.audit.quorum {
+                if convicted {
                     report.slashed.insert(*i, step);
                     if mode(*i).is_none() {
                         report.false_accusations += 1;
@@ -343,6 +385,31 @@ pub fn run(
         }
     }
     Ok(report)
+}
+
+/// Records what the first audit of a contribution measured.
+fn note_first_audit(report: &mut ArenaReport, verdict: &Verdict, honest: bool, cfg: &AuditConfig) {
+    let c = verdict.comparison;
+    if let Some(err) = verdict.chain_error {
+        report.chain_checks += 1;
+        report.chain_failed += usize::from(err > cfg.max_chain_error);
+        if honest {
+            let worst = report.worst_honest_chain.get_or_insert(err);
+            *worst = worst.max(err);
+        } else {
+            let least = report.least_attacker_chain.get_or_insert(err);
+            *least = least.min(err);
+        }
+    }
+    if honest {
+        let worst = report.worst_honest.get_or_insert(c);
+        if c.overlap < worst.overlap || c.agreement < worst.agreement {
+            *worst = Comparison {
+                overlap: c.overlap.min(worst.overlap),
+                agreement: c.agreement.min(worst.agreement),
+            };
+        }
+    }
 }
 
 /// A member's work for one step: the momentum it reveals if audited (before

@@ -16,6 +16,7 @@ pub mod backend;
 pub mod compress;
 pub mod data;
 pub mod dct;
+pub mod defence;
 pub mod detmath;
 pub mod error;
 pub mod ledger;

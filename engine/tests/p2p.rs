@@ -7,6 +7,7 @@ use cohort_engine::net::msg::{self, Body, Drop, Heartbeat};
 use cohort_engine::net::node::hex;
 use cohort_engine::net::peer::{local_job, local_member};
 use cohort_engine::net::shaper::Link;
+use cohort_engine::net::step::Timing;
 use cohort_engine::net::swarm;
 use libp2p::futures::StreamExt;
 use libp2p::gossipsub::{self, IdentTopic};
@@ -42,7 +43,8 @@ fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
 /// A peer process and everything it printed.
 struct Peer {
     child: Child,
-    lines: Arc<Mutex<Vec<String>>>,
+    /// Each line with when the test read it.
+    lines: Arc<Mutex<Vec<(Instant, String)>>>,
 }
 
 impl Peer {
@@ -57,14 +59,30 @@ impl Peer {
         let l = lines.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(out).lines().map_while(Result::ok) {
-                l.lock().unwrap().push(line);
+                l.lock().unwrap().push((Instant::now(), line));
             }
         });
         Peer { child, lines }
     }
 
     fn lines(&self) -> Vec<String> {
-        self.lines.lock().unwrap().clone()
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|l| l.1.clone())
+            .collect()
+    }
+
+    /// When each step's `applied` line arrived.
+    fn applied_at(&self) -> Vec<(u32, Instant)> {
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, l)| l.contains(r#""event":"applied""#))
+            .map(|(at, l)| (field(l, "step").unwrap().parse().unwrap(), *at))
+            .collect()
     }
 
     /// step → model hash, from `applied` lines.
@@ -394,13 +412,16 @@ fn audited_run(mode: &str) {
 }
 
 /// A member that, whenever it leads a step, states a state hash that is not
-/// the state's and lists a payload it altered under another member's name:
-/// every honest node skips the forged entry (nobody audits, let alone
-/// accuses, the member it names), records the leader as the culprit of both,
-/// and none concludes that it diverged (that takes more leaders than could
-/// be faulty).
+/// the state's, lists a payload it altered under another member's name,
+/// leaves out a third member's contribution, and signs a second manifest
+/// for the same attempt: every honest node skips
+/// the forged entry (nobody audits, let alone accuses, the member it
+/// names), records the leader as the culprit, and none concludes that it
+/// diverged (that takes more leaders than could be faulty). The honest
+/// witnesses accuse the leader on the forged entry and the equivocation,
+/// proof each holds by itself, and convict it; the omission is noticed.
 #[test]
-fn a_lying_leader_gets_no_honest_member_accused_and_no_honest_node_failed() {
+fn a_lying_leader_gets_no_honest_member_accused_no_honest_node_failed_and_is_convicted() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let (n, steps, liar) = (3, 12, 2);
     let ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
@@ -431,7 +452,8 @@ fn a_lying_leader_gets_no_honest_member_accused_and_no_honest_node_failed() {
             Some(&*steps.to_string()),
             "member {i}: {d}"
         );
-        assert!(d.contains(r#""slashed":[]"#), "member {i}: {d}");
+        // The liar is convicted by the honest witnesses on proof each holds.
+        assert!(d.contains(r#""slashed":[2]"#), "member {i}: {d}");
     }
     for p in &peers[..liar] {
         let lines = p.lines();
@@ -458,6 +480,28 @@ fn a_lying_leader_gets_no_honest_member_accused_and_no_honest_node_failed() {
                 "an honest leader was blamed: {l}"
             );
         }
+        // Its forged entry and its second manifest are accusations against
+        // it, and nobody else is accused.
+        let accused = of("accused");
+        for ground in ["forged_entry", "equivocation"] {
+            assert!(
+                accused.iter().any(|l| field(l, "ground") == Some(ground)),
+                "no {ground} accusation: {lines:#?}"
+            );
+        }
+        for l in &accused {
+            assert_eq!(
+                field(l, "member"),
+                Some("2"),
+                "an honest member was accused: {l}"
+            );
+        }
+        // The member it kept leaving out is noticed, with the leader named.
+        let omitted = of("omitted");
+        assert!(
+            omitted.iter().any(|l| field(l, "leader") == Some("2")),
+            "the censorship went unnoticed: {lines:#?}"
+        );
         // No audit failed any honest member, forged entry or not.
         for l in of("audited") {
             if field(l, "member") != Some("2") {
@@ -466,6 +510,64 @@ fn a_lying_leader_gets_no_honest_member_accused_and_no_honest_node_failed() {
         }
     }
     assert!(assert_agree(&peers[..liar].iter().collect::<Vec<_>>()) > 0);
+}
+
+/// A member that, leading a step, heartbeats but never publishes (a silent
+/// leader), and answers requests for its payloads only from the leader, so
+/// everyone else waits on it (a trickling author). Every step still closes
+/// within its documented bound: a silent leader's step by the fall-back at
+/// `collect + fallback + silent`, and a trickled fetch at the request
+/// deadline (`Timing::deadline`), after which the leader serves it. With
+/// the old 30 s `silent` and 20 s transport time-out, steps took 32 s.
+#[test]
+fn a_silent_leader_and_a_trickling_author_cost_each_step_at_most_the_documented_bound() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let (n, steps, staller) = (3, 6, 2);
+    let ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
+    let mut peers: Vec<Peer> = (0..n)
+        .map(|i| {
+            let mut c = peer_cmd("stalling", i, n, steps, &ports);
+            if i == staller {
+                c.args(["--adversary", "stalling"]);
+            }
+            Peer::spawn(&mut c)
+        })
+        .collect();
+    let done: Vec<String> = peers[..staller]
+        .iter_mut()
+        .map(|p| p.finish(Duration::from_secs(240)))
+        .collect();
+    let timing = Timing {
+        collect: Duration::from_millis(1500),
+        fallback: Duration::from_millis(1000),
+        ..Timing::default()
+    };
+    // The bound, plus room for a busy machine's compute and fetches.
+    let silent_step = timing.collect + timing.fallback + timing.silent;
+    let bound =
+        silent_step.max(timing.collect + timing.deadline(64 * 1024)) + Duration::from_secs(8);
+    let mut timed_out = 0;
+    for (i, d) in done.iter().enumerate() {
+        assert_eq!(
+            field(d, "applied"),
+            Some(&*steps.to_string()),
+            "member {i}: {d}"
+        );
+        timed_out += field(d, "timed_out").unwrap().parse::<u64>().unwrap();
+        let at = peers[i].applied_at();
+        for w in at.windows(2) {
+            let gap = w[1].1 - w[0].1;
+            assert!(
+                gap <= bound,
+                "member {i}: step {} closed {gap:?} after step {} (bound {bound:?})",
+                w[1].0,
+                w[0].0
+            );
+        }
+    }
+    // The deadline, not the transport's time-out, ended the trickled fetches.
+    assert!(timed_out > 0, "{done:?}");
+    assert!(assert_agree(&peers[..staller].iter().collect::<Vec<_>>()) > 0);
 }
 
 /// Honest members computing differently (one rayon thread, two threads,
@@ -734,6 +836,29 @@ fn hostile(expect: &[Drop], make: fn(&[u8]) -> Vec<u8>, probe: bool) {
             .map(|l| field(l, d.name()).unwrap().parse::<u64>().unwrap())
             .sum();
         assert!(counted > 0, "no `{}` drops counted: {done:?}", d.name());
+    }
+    // Drops every honest node would make count against the sender's gossip
+    // score; replays and out-of-window messages do not (an honest forwarder
+    // may send those).
+    let lowest: f64 = done
+        .iter()
+        .map(|l| {
+            field(l, "lowest_peer_score")
+                .unwrap()
+                .parse::<f64>()
+                .unwrap()
+        })
+        .fold(0.0, f64::min);
+    if expect.iter().any(|d| d.blames_forwarder()) {
+        assert!(lowest < 0.0, "the sender kept a clean score: {done:?}");
+    } else {
+        assert_eq!(lowest, 0.0, "an honest forwarder was penalized: {done:?}");
+    }
+    // Memory stays bounded under the flood: each member's peak resident set.
+    for d in &done {
+        let kib: i64 = field(d, "peak_rss_kib").unwrap().parse().unwrap();
+        eprintln!("member peak RSS under {expect:?}: {} MiB", kib / 1024);
+        assert!(kib < 1 << 20, "a member grew past 1 GiB: {d}");
     }
     assert_eq!(assert_agree(&[&honest[0], &honest[1]]), steps as usize);
 }

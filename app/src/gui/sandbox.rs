@@ -6,7 +6,7 @@
 use crate::chain::embedded::Embedded;
 use crate::chain::{Chain, LAMPORTS_PER_SOL};
 use crate::job::{self, SpecFile};
-use crate::node::{self, Progress};
+use crate::node::{self, OperatorEvent};
 use anyhow::Result;
 use cohort_engine::data::Corpus;
 use solana_sdk::pubkey::Pubkey;
@@ -50,12 +50,13 @@ impl Sandbox {
         let mut peers = tokio::task::JoinSet::new();
         for i in 0..PEERS {
             let chain = Chain::new(embedded.client(), "Sandbox");
-            let o = node::Options::local(job, port_base, data.join(format!("sandbox-peer{i}")));
+            let o =
+                node::OperatorConfig::local(job, port_base, data.join(format!("sandbox-peer{i}")));
             // Stale state from an earlier session would be another job's.
             let _ = std::fs::remove_dir_all(&o.data);
             peers.spawn(async move {
-                let quiet = |_: &Pubkey, _: Progress| {};
-                let _ = node::run_with(&chain, &Keypair::new(), &o, &quiet).await;
+                let quiet = |_: &Pubkey, _: OperatorEvent| {};
+                let _ = node::operate(&chain, &Keypair::new(), &o, &quiet).await;
             });
         }
         Ok(Self {

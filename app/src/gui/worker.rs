@@ -7,7 +7,7 @@ use super::sandbox::Sandbox;
 use super::settings::{Network, Settings};
 use crate::benchmark;
 use crate::chain::{Chain, LAMPORTS_PER_SOL, sol};
-use crate::node::{self, Earnings, Progress};
+use crate::node::{self, Earnings, OperatorEvent};
 use crate::wallet::{derive, keystore};
 use anyhow::{Context, Result, anyhow, bail};
 use cohort_program::error::CohortError;
@@ -498,7 +498,7 @@ impl Worker {
             );
         }
         let pause = Arc::new(AtomicBool::new(false));
-        let o = node::Options {
+        let o = node::OperatorConfig {
             job: Some(job),
             price: j.spec.max_price,
             stake,
@@ -514,15 +514,15 @@ impl Worker {
         };
         let sink = self.sink.clone();
         let task = tokio::spawn(async move {
-            let report = |_: &Pubkey, p: Progress| {
+            let report = |_: &Pubkey, p: OperatorEvent| {
                 sink.send(Event::Node(match p {
-                    Progress::Line(l) => NodeUpdate::Line(l.to_string()),
-                    Progress::Step(s) => NodeUpdate::Step(s),
-                    Progress::Links(l) => NodeUpdate::Links(l.to_vec()),
-                    Progress::Audit(a) => NodeUpdate::Audit(a.passed),
+                    OperatorEvent::Line(l) => NodeUpdate::Line(l.to_string()),
+                    OperatorEvent::Step(s) => NodeUpdate::Step(s),
+                    OperatorEvent::Links(l) => NodeUpdate::Links(l.to_vec()),
+                    OperatorEvent::Audit(a) => NodeUpdate::Audit(a.passed),
                 }))
             };
-            let r = node::run_with(&chain, &me, &o, &report).await;
+            let r = node::operate(&chain, &me, &o, &report).await;
             sink.send(Event::Node(NodeUpdate::Finished(match r {
                 Ok(out) => Ok(format!(
                     "job finished: {} epochs trained, {} claimed",

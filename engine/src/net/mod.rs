@@ -3,10 +3,14 @@
 //! [`msg`] defines every message once; [`step`] is the step-agreement state
 //! machine (pure, also driven by the simulator in [`sim`]); [`swarm`] is the
 //! libp2p stack; [`shaper`] emulates home links inside the transport;
-//! [`node`] runs one member (training thread + network task); [`peer`] is
+//! [`node`] runs one member: its network task, with the training thread
+//! in `train` and a witness's audits in `guard`, configured and reporting
+//! through [`events`]; [`peer`] is
 //! the command line that runs a member as its own OS process.
 
 pub mod diverge;
+pub mod events;
+mod guard;
 pub mod msg;
 pub mod node;
 pub mod peer;
@@ -14,3 +18,4 @@ pub mod shaper;
 pub mod sim;
 pub mod step;
 pub mod swarm;
+mod train;

@@ -15,12 +15,15 @@
 //! heartbeat := job [32] | member u32 | seq u64 | ready_from u32 | applied u32
 //! accuse    := job [32] | epoch u32 | step u32 | accused u32 | witness u32
 //!              | evidence [32] | overlap u16 | agreement u16   (basis points)
+//!              | ground u8 (0 screened, 1 drawn, 2 equivocation, 3 forged entry)
+//!              | [drawn: by u32 | coin [64]]
 //! ```
 
+use crate::defence::Ground;
 use cohort_program::codec::Reader;
 use libp2p::identity::ed25519;
 
-pub const VERSION: u8 = 2;
+pub const VERSION: u8 = 3;
 const MAGIC: &[u8; 3] = b"CHN";
 const DOMAIN: &[u8] = b"cohort-net-v1";
 /// Largest gossip message a node accepts: a manifest lists 36 bytes per
@@ -123,9 +126,12 @@ pub struct Accuse {
     /// [`crate::audit::evidence_id`] of the contribution.
     pub evidence: [u8; 32],
     /// What the witness measured, in basis points (0 when the member
-    /// withheld or misstated its momentum).
+    /// withheld or misstated its momentum, or for proof-based grounds).
     pub overlap: u16,
     pub agreement: u16,
+    /// Why: a failed audit (screened, or drawn by a coin it carries), or
+    /// proof the witness holds (see [`crate::defence`]).
+    pub ground: Ground,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -215,6 +221,15 @@ impl Drop {
             Drop::OutOfWindow => "out_of_window",
         }
     }
+
+    /// Whether every honest node would have dropped the message too, so
+    /// whoever forwarded it is at fault (gossipsub's peer score counts it
+    /// against the forwarder). Drops that depend on what this node has
+    /// seen (a replay, a step past its window, another epoch) do not: an
+    /// honest forwarder may not have seen the same.
+    pub fn blames_forwarder(self) -> bool {
+        !matches!(self, Drop::Replayed | Drop::OutOfWindow)
+    }
 }
 
 fn body_bytes(body: &Body, out: &mut Vec<u8>) {
@@ -249,6 +264,16 @@ fn body_bytes(body: &Body, out: &mut Vec<u8>) {
             out.extend_from_slice(&a.evidence);
             out.extend_from_slice(&a.overlap.to_le_bytes());
             out.extend_from_slice(&a.agreement.to_le_bytes());
+            match a.ground {
+                Ground::Screened => out.push(0),
+                Ground::Drawn { by, coin } => {
+                    out.push(1);
+                    out.extend_from_slice(&by.to_le_bytes());
+                    out.extend_from_slice(&coin);
+                }
+                Ground::Equivocation => out.push(2),
+                Ground::ForgedEntry => out.push(3),
+            }
         }
     }
 }
@@ -344,6 +369,16 @@ fn parse_body(r: &mut Reader) -> Result<Body, cohort_program::codec::CodecError>
             evidence: r.array()?,
             overlap: r.u16()?,
             agreement: r.u16()?,
+            ground: match r.u8()? {
+                0 => Ground::Screened,
+                1 => Ground::Drawn {
+                    by: r.u32()?,
+                    coin: r.array()?,
+                },
+                2 => Ground::Equivocation,
+                3 => Ground::ForgedEntry,
+                _ => return Err(cohort_program::codec::CodecError),
+            },
         }),
         _ => return Err(cohort_program::codec::CodecError),
     })
@@ -613,6 +648,10 @@ mod tests {
                 evidence: [6; 32],
                 overlap: 1200,
                 agreement: 4999,
+                ground: Ground::Drawn {
+                    by: 1,
+                    coin: [5; 64],
+                },
             }),
         ] {
             let raw = sign(&body, &k);

@@ -5,1139 +5,29 @@
 //! before computing step t+1).
 
 use super::diverge::{Conclusion, DivergenceVote};
-use super::msg::{
-    self, Accuse, Announce, Body, Drop, Heartbeat, Manifest, Request, Response, Signed,
-};
-use super::shaper::Link;
-use super::step::{Action, KEEP, StepMachine, Timing, Verdict};
+pub use super::events::*;
+use super::guard::Revealed;
+use super::msg::{self, Accuse, Body, Drop, Heartbeat, Manifest, Request, Response, Signed};
+use super::step::{Action, KEEP, StepMachine, Verdict};
 use super::swarm::{self, Behaviour, BehaviourEvent};
-use crate::adversary::{self, Attack, Mode};
-use crate::audit::{self, AuditConfig, Comparison, StepScreen};
+use super::train::{FromTrainer, ToTrainer, now_us, train_loop};
+use crate::adversary::Mode;
+use crate::audit;
 use crate::backend::GradientEngine;
-use crate::compress::Payload;
 use crate::data::Corpus;
-use crate::error::EngineError;
-use crate::params::ParamSet;
-use crate::trainer::{Identity, StepStats, TrainConfig, Trainer};
-use crate::wire::Contribution;
+use crate::defence::{self, Ground, Policy, Tally};
+use crate::trainer::{Identity, Trainer};
 use libp2p::futures::StreamExt;
 use libp2p::gossipsub::{self, IdentTopic, MessageAcceptance};
 use libp2p::identity::ed25519;
 use libp2p::request_response::{self, OutboundRequestId};
 use libp2p::swarm::SwarmEvent;
-use libp2p::{Multiaddr, PeerId, Swarm, ping};
+use libp2p::{PeerId, Swarm, ping};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc as std_mpsc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
-
-/// Decides whether this node co-signs a message a fellow witness sent it.
-/// It is called with the message and the keys of the members this node
-/// itself accused; the application parses the message (the engine knows
-/// no Solana types) and only what it accepts is signed with the node key.
-#[derive(Clone)]
-pub struct Cosigner(pub Arc<CosignCheck>);
-
-/// `(message, keys of the members this node accused) -> sign it?`
-pub type CosignCheck = dyn Fn(&[u8], &[[u8; 32]]) -> bool + Send + Sync;
-
-impl std::fmt::Debug for Cosigner {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Cosigner")
-    }
-}
-
-/// Proof of contribution for one epoch (see [`crate::audit`]). Every node
-/// screens each step's payloads the same way; the epoch's witnesses also
-/// audit, and a quorum of their accusations slashes a member.
-#[derive(Debug, Clone, Default)]
-pub struct Defence {
-    pub audit: AuditConfig,
-    /// The epoch's witness committee (member indices): only their
-    /// accusations count, and this node audits when it is one of them.
-    pub witnesses: Vec<u32>,
-    /// Tests and benchmarks only: this member attacks. Modes that need the
-    /// step's honest payloads use the previous step's (a real attacker
-    /// cannot see the others' payloads before sending its own).
-    pub adversary: Option<Mode>,
-    pub cosigner: Option<Cosigner>,
-}
-
-/// One audit this node ran as a witness.
-#[derive(Debug, Clone, PartialEq)]
-pub struct AuditReport {
-    pub step: u32,
-    pub member: u32,
-    pub passed: bool,
-    /// Drawn because the screen flagged the payload (else at random).
-    pub targeted: bool,
-    /// None when the member withheld or misstated its momentum.
-    pub comparison: Option<Comparison>,
-    /// How far the revealed momentum is from what the member's previous
-    /// one leads to, when the chain was checked ([`audit::chain_error`]);
-    /// ∞ when the member lied about or withheld that previous momentum.
-    pub chain_error: Option<f32>,
-    /// Compute the recomputation took.
-    pub secs: f64,
-    /// [`audit::evidence_id`] of the audited contribution.
-    pub evidence: [u8; 32],
-}
-
-/// Requests from the application to a running node.
-#[derive(Debug)]
-pub enum Control {
-    /// Ask members `from` to co-sign `message` (a fraud report they must
-    /// agree with, see [`Cosigner`]); answers with the signatures given
-    /// within 10 s.
-    Cosign {
-        message: Vec<u8>,
-        from: Vec<u32>,
-        reply: oneshot::Sender<Vec<(u32, [u8; 64])>>,
-    },
-    /// The application is done reporting `member` (sent or given up): this
-    /// node, its lead accuser, no longer stays up for that report.
-    Settled { member: u32 },
-}
-
-#[derive(Debug, Clone)]
-pub struct NodeConfig {
-    pub train: TrainConfig,
-    pub job: [u8; 32],
-    pub epoch: u32,
-    /// Epoch seed (from chain): batches and leaders derive from it.
-    pub seed: [u8; 32],
-    /// Initial weights of the job.
-    pub init_seed: [u8; 32],
-    /// Members' node keys; a member's index is its position.
-    pub members: Vec<[u8; 32]>,
-    pub me: u32,
-    /// This node's ed25519 secret (its Solana key's seed).
-    pub secret: [u8; 32],
-    pub listen: Vec<Multiaddr>,
-    pub bootstrap: Vec<Multiaddr>,
-    /// Updates to apply before stopping.
-    pub steps: u32,
-    /// Written after every applied step; resumed from when present.
-    pub checkpoint: Option<PathBuf>,
-    /// Start by downloading the latest state from peers (late joiner).
-    pub join: bool,
-    pub link: Link,
-    pub timing: Timing,
-    pub mdns: bool,
-    /// Peers to wait for before a fresh start (0: all other members).
-    pub min_peers: usize,
-    /// First step of this epoch. A checkpoint saved exactly there holds the
-    /// state every member ended the previous epoch with (the first
-    /// manifest's state hash checks it), so all members start from their
-    /// own copies at once; syncing from peers would deadlock, since every
-    /// one of them would be waiting for another.
-    pub epoch_start: Option<u32>,
-    /// After syncing to a peer's state at step s, fetch the signed
-    /// manifests of steps `backfill_from..s` (kept by peers for the whole
-    /// epoch) and report their contributors as [`NodeEvent::Backfilled`]:
-    /// a restarted member learns who contributed while it was away, so its
-    /// points table still matches the one witnesses attest.
-    pub backfill_from: Option<u32>,
-    /// While set, this member computes no gradients (its owner wants the
-    /// device back) but keeps applying every step, so it stays in sync and
-    /// can resume at once. Steps it skipped earn it nothing.
-    pub pause: Arc<AtomicBool>,
-    pub defence: Defence,
-}
-
-/// Where each step's time went on this node.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct StepTimes {
-    pub compute: f64,
-    /// Blocked on the manifest after the step's last contribution existed.
-    pub comm: f64,
-    /// Blocked because some member had not produced its contribution yet.
-    pub wait: f64,
-}
-
-#[derive(Debug, Clone)]
-pub enum NodeEvent {
-    Listening(Multiaddr),
-    /// Downloaded and verified the shared state at `step` from a peer.
-    Synced {
-        step: u32,
-        resumed: bool,
-    },
-    Applied {
-        step: u32,
-        model_hash: [u8; 32],
-        contributors: Vec<u32>,
-        times: StepTimes,
-        loss: f32,
-    },
-    /// A step applied while this node was away: its manifest's contributors.
-    Backfilled {
-        step: u32,
-        contributors: Vec<u32>,
-    },
-    /// More distinct leaders with the same history than could be faulty
-    /// published state hashes this node does not have: the same manifests
-    /// gave it different weights (`net::diverge`).
-    Diverged {
-        step: u32,
-    },
-    /// `leader`'s manifest for `step` stated a state hash this node does
-    /// not have, and too few others agree with it to doubt this node's own
-    /// state: evidence against the leader, the manifest's entries applied
-    /// as listed.
-    WrongStateHash {
-        step: u32,
-        leader: u32,
-    },
-    /// `leader`'s manifest for `step` listed bytes under `member`'s name
-    /// that `member` did not sign: skipped on every node (so `member` is
-    /// never audited on them), evidence against the leader.
-    ForgedEntry {
-        step: u32,
-        leader: u32,
-        member: u32,
-    },
-    /// A better manifest for `step` turned up after this node applied
-    /// another one: it went back to its state before `step` and applies
-    /// again from there.
-    Rewound {
-        step: u32,
-    },
-    /// What this node sees of each other member's link, every 2 s.
-    Links(Vec<PeerLink>),
-    /// This node, as a witness, audited a contribution.
-    Audited(AuditReport),
-    /// A quorum of witnesses accused `member`: it is left out of manifests
-    /// from now on. `witnesses` are the accusers, lowest index first.
-    Slashed {
-        member: u32,
-        step: u32,
-        witnesses: Vec<u32>,
-        evidence: [u8; 32],
-    },
-}
-
-/// One other member's link, as this node sees it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct PeerLink {
-    pub member: u32,
-    /// The latest ping round trip; `None` before the first.
-    pub rtt: Option<Duration>,
-    /// Bytes received from it so far: gossip it forwarded, blobs it served.
-    pub bytes_in: u64,
-}
-
-/// Counters a node keeps about its traffic.
-#[derive(Debug, Clone, Default)]
-pub struct NodeStats {
-    pub dropped: BTreeMap<&'static str, u64>,
-    pub accepted: u64,
-    pub equivocations: u64,
-    pub late: u64,
-    pub superseded: u64,
-    pub rewinds: u64,
-    pub bytes_in: u64,
-    pub bytes_out: u64,
-    pub applied: u32,
-    pub model_hash: [u8; 32],
-    /// Audits this node ran as a witness, and how many failed.
-    pub audits: u64,
-    pub audits_failed: u64,
-    /// Compute spent on audits and on this node's own contributions.
-    pub audit_secs: f64,
-    pub compute_secs: f64,
-    /// Members slashed by a quorum of accusations.
-    pub slashed: BTreeSet<u32>,
-    /// Manifests whose state hash was a lone leader's (`WrongStateHash`).
-    pub wrong_state_hashes: u64,
-    /// Manifest entries their member did not sign (`ForgedEntry`).
-    pub forged_entries: u64,
-}
-
-impl NodeStats {
-    fn drop(&mut self, d: Drop) {
-        *self.dropped.entry(d.name()).or_default() += 1;
-    }
-    pub fn dropped(&self, d: Drop) -> u64 {
-        self.dropped.get(d.name()).copied().unwrap_or(0)
-    }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum NodeError {
-    #[error(transparent)]
-    Engine(#[from] EngineError),
-    #[error(transparent)]
-    Setup(#[from] swarm::SetupError),
-    #[error("{0}")]
-    Config(String),
-    #[error("training thread stopped: {0}")]
-    Trainer(String),
-}
-
-enum ToTrainer {
-    Start,
-    /// Load this shared state: a verified download, or this node's own
-    /// earlier state when it rewinds. `generation` counts rewinds, so the
-    /// network side can drop what the trainer sent before this one.
-    Snapshot {
-        bytes: Vec<u8>,
-        generation: u64,
-    },
-    Apply {
-        manifest: Manifest,
-        payloads: Vec<Vec<u8>>,
-        last_produced_us: u64,
-        same_history: bool,
-    },
-    /// What a member revealed of the momentum it committed to at `step`.
-    Audit {
-        step: u32,
-        member: u32,
-        outcome: Revealed,
-    },
-    /// A member was slashed: it no longer audits anyone.
-    Slashed(u32),
-}
-
-/// The outcome of asking a member for a committed momentum.
-#[derive(Clone)]
-enum Revealed {
-    /// The encoded momentum, matching its commitment.
-    Momentum(Vec<u8>),
-    /// A momentum that does not hash to the commitment: a lie.
-    Lied,
-    /// The member answered without it.
-    Refused,
-    /// The member could not be reached (it may have restarted honestly).
-    Unreachable,
-}
-
-enum FromTrainer {
-    /// Local state loaded; `step` applied so far; `resumed` from checkpoint.
-    Ready {
-        step: u32,
-        resumed: bool,
-    },
-    Contribution {
-        announce: Announce,
-        bytes: Vec<u8>,
-        /// The momentum it committed to, encoded: revealed when audited.
-        momentum: Arc<Vec<u8>>,
-        compute_secs: f64,
-    },
-    /// Contributions of `step` this witness audits: fetch their momenta
-    /// (and, for a chain check, the one committed at the step before).
-    AuditTargets {
-        step: u32,
-        targets: Vec<Target>,
-    },
-    /// An audit drawn at `step` of `member` is decided: its report, or
-    /// None when there was nothing to decide (the member was unreachable,
-    /// or a randomly drawn member declined).
-    AuditDone {
-        step: u32,
-        member: u32,
-        report: Option<AuditReport>,
-    },
-    Applied {
-        step: u32,
-        state_hash: [u8; 32],
-        snapshot: Arc<Vec<u8>>,
-        event: NodeEvent,
-        generation: u64,
-    },
-    /// A manifest listed bytes under `member`'s name that it did not sign.
-    ForgedEntry {
-        step: u32,
-        leader: u32,
-        member: u32,
-    },
-    /// The state-hash check of an applied manifest of the same history.
-    StateCheck {
-        step: u32,
-        leader: u32,
-        matches: bool,
-    },
-    Synced {
-        step: u32,
-        resumed: bool,
-    },
-    Done {
-        model_hash: [u8; 32],
-        generation: u64,
-    },
-    Failed(String),
-}
-
-fn now_us() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as u64)
-}
-
-/// The shared state as hashed in manifests and sent to joiners: the
-/// trainer's snapshot, then the payload hashes of the last steps (what the
-/// screen compares new payloads with), so a node that syncs screens each
-/// later step exactly as the others do.
-fn encode_state(mut trainer_snapshot: Vec<u8>, recent: &BTreeMap<u32, Vec<[u8; 32]>>) -> Vec<u8> {
-    let start = trainer_snapshot.len();
-    for (step, hashes) in recent {
-        trainer_snapshot.extend_from_slice(&step.to_le_bytes());
-        trainer_snapshot.extend_from_slice(&(hashes.len() as u32).to_le_bytes());
-        for h in hashes {
-            trainer_snapshot.extend_from_slice(h);
-        }
-    }
-    let trailer = (trainer_snapshot.len() - start) as u32;
-    trainer_snapshot.extend_from_slice(&trailer.to_le_bytes());
-    trainer_snapshot
-}
-
-type Recent = BTreeMap<u32, Vec<[u8; 32]>>;
-
-fn decode_state(buf: &[u8]) -> Result<(&[u8], Recent), String> {
-    let bad = || "malformed shared state".to_string();
-    let n = buf.len().checked_sub(4).ok_or_else(bad)?;
-    let trailer = u32::from_le_bytes(buf[n..].try_into().map_err(|_| bad())?) as usize;
-    let start = n.checked_sub(trailer).ok_or_else(bad)?;
-    let mut r = cohort_program::codec::Reader::new(&buf[start..n]);
-    let mut recent = BTreeMap::new();
-    while r.remaining() > 0 {
-        let step = r.u32().map_err(|_| bad())?;
-        let count = r.u32().map_err(|_| bad())? as usize;
-        if count > r.remaining() / 32 {
-            return Err(bad());
-        }
-        let hashes = (0..count)
-            .map(|_| r.array::<32>())
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|_| bad())?;
-        recent.insert(step, hashes);
-    }
-    Ok((&buf[..start], recent))
-}
-
-/// Weight states a witness keeps to audit on (see [`Guard::weights_at`]).
-/// Audits run while the trainer waits for manifests, so on a busy machine
-/// one can trail its step by several applies.
-const KEEP_WEIGHTS: usize = 8;
-
-/// A contribution a witness audits: whose, the momentum commitment, and
-/// the member's commitment at the step before when the chain is checked.
-struct Target {
-    member: u32,
-    hash: [u8; 32],
-    previous: Option<[u8; 32]>,
-}
-
-/// One side of an audit that is still downloading.
-enum Wait<T> {
-    Pending,
-    Done(T),
-}
-
-/// A contribution drawn for audit, waiting for what its author reveals.
-struct Awaited {
-    c: Contribution,
-    /// Whether the screen drew it (a refusal then fails the audit).
-    targeted: bool,
-    own: Wait<Revealed>,
-    /// The momentum committed at the step before, for the chain check.
-    previous: Option<Wait<Revealed>>,
-}
-
-/// The training thread's side of proof of contribution: the screen's
-/// memory, and a witness's pending audits.
-struct Guard {
-    cfg: AuditConfig,
-    witness: bool,
-    witnesses: Vec<u32>,
-    /// Payload hashes applied per step: the screen's memory of recent steps.
-    recent: Recent,
-    /// Weights after s updates, for the last few s (witnesses only). The
-    /// node computes step t on the weights after t-1 updates (pipelining),
-    /// so that is what an audit of step t recomputes on.
-    weights_at: BTreeMap<u32, ParamSet>,
-    /// Contributions drawn for audit, waiting for their momenta.
-    awaiting: BTreeMap<(u32, u32), Awaited>,
-    /// Each member's momentum commitment per recent step (witnesses only):
-    /// what a chain check fetches the previous momentum against.
-    commitments: BTreeMap<u32, BTreeMap<u32, [u8; 32]>>,
-}
-
-impl Guard {
-    fn remember(&mut self, t: &Trainer) {
-        if !self.witness {
-            return;
-        }
-        // Anything kept past this step belongs to an abandoned history.
-        self.weights_at.retain(|s, _| *s < t.step());
-        self.awaiting.retain(|(s, _), _| *s < t.step());
-        self.commitments.retain(|s, _| *s < t.step());
-        self.weights_at.insert(t.step(), t.params().clone());
-        // A pending audit pins the weights it recomputes on: a witness that
-        // falls behind audits late, it never drops the audit.
-        let pinned = self.pinned();
-        while self.weights_at.len() > KEEP_WEIGHTS {
-            let Some(old) = self
-                .weights_at
-                .keys()
-                .find(|s| !pinned.contains(s))
-                .copied()
-            else {
-                break;
-            };
-            if Some(&old) == self.weights_at.keys().next_back() {
-                break;
-            }
-            self.weights_at.remove(&old);
-        }
-    }
-
-    /// Weight states that audits still waiting for momenta will recompute
-    /// on: the step before each, and the one before that for a chain check.
-    fn pinned(&self) -> BTreeSet<u32> {
-        let mut out = BTreeSet::new();
-        for ((step, _), a) in &self.awaiting {
-            out.insert(step.saturating_sub(1));
-            if a.previous.is_some() {
-                out.insert(step.saturating_sub(2));
-            }
-        }
-        out
-    }
-
-    /// Screens step `step`'s contributions (identically on every node) and
-    /// remembers their hashes for the steps that follow.
-    fn screen(
-        &mut self,
-        layout: &crate::compress::Layout,
-        step: u32,
-        cs: &[Contribution],
-    ) -> StepScreen {
-        let window: Vec<[u8; 32]> = self
-            .recent
-            .range(step.saturating_sub(audit::RECENT_STEPS)..step)
-            .flat_map(|(_, h)| h.iter().copied())
-            .collect();
-        let refs: Vec<&Payload> = cs.iter().map(|c| &c.payload).collect();
-        let verdict = audit::screen_step(layout, &refs, &window, &self.cfg);
-        self.recent.insert(step, verdict.hashes.clone());
-        self.recent
-            .retain(|s, _| *s + audit::RECENT_STEPS > step && *s <= step);
-        verdict
-    }
-
-    /// The contributions of `step` this witness audits: every one the
-    /// screen flagged, and the others with probability `rate`, drawn from
-    /// the manifest id (known only once the step is over).
-    fn draw(
-        &mut self,
-        me: u32,
-        manifest: &Manifest,
-        members: &[u32],
-        cs: &[Contribution],
-        verdict: &StepScreen,
-    ) -> Vec<Target> {
-        if !self.witness {
-            return Vec::new();
-        }
-        let step = manifest.step;
-        self.commitments.insert(
-            step,
-            members
-                .iter()
-                .zip(cs)
-                .map(|(m, c)| (*m, c.momentum_hash))
-                .collect(),
-        );
-        while self.commitments.len() > KEEP_WEIGHTS {
-            self.commitments.pop_first();
-        }
-        let reveal = manifest.id();
-        let mut out = Vec::new();
-        for ((member, c), screen) in members.iter().zip(cs).zip(&verdict.screens) {
-            let targeted = screen.flagged(&self.cfg);
-            if *member == me
-                || !(targeted || audit::sampled(&reveal, step, *member, self.cfg.rate))
-                || !self.designated(me, &reveal, *member)
-            {
-                continue;
-            }
-            // A flagged payload that recomputes correctly may rest on a
-            // forged momentum: check that it follows from the last one.
-            let chained = targeted || audit::sampled(&reveal, step, *member, self.cfg.chain_rate);
-            let previous = step
-                .checked_sub(1)
-                .filter(|_| chained)
-                .and_then(|s| self.commitments.get(&s)?.get(member).copied());
-            self.awaiting.insert(
-                (step, *member),
-                Awaited {
-                    c: c.clone(),
-                    targeted,
-                    own: Wait::Pending,
-                    previous: previous.map(|_| Wait::Pending),
-                },
-            );
-            out.push(Target {
-                member: *member,
-                hash: c.momentum_hash,
-                previous,
-            });
-        }
-        out
-    }
-
-    /// A momentum came in: it completes the audit of its own step and/or
-    /// the chain check of the step after. Returns the audits now decided.
-    fn revealed(
-        &mut self,
-        trainer: &mut Trainer,
-        cfg: &NodeConfig,
-        step: u32,
-        member: u32,
-        outcome: Revealed,
-    ) -> Result<Vec<(u32, u32, Option<AuditReport>)>, String> {
-        // Only flagged payloads chain, so the copy is rare.
-        if let Some(a) = self.awaiting.get_mut(&(step + 1, member))
-            && matches!(a.previous, Some(Wait::Pending))
-        {
-            a.previous = Some(Wait::Done(outcome.clone()));
-        }
-        if let Some(a) = self.awaiting.get_mut(&(step, member))
-            && matches!(a.own, Wait::Pending)
-        {
-            a.own = Wait::Done(outcome);
-        }
-        let mut out = Vec::new();
-        for key in [(step, member), (step + 1, member)] {
-            let ready = self.awaiting.get(&key).is_some_and(|a| {
-                matches!(a.own, Wait::Done(_)) && !matches!(a.previous, Some(Wait::Pending))
-            });
-            if ready && let Some(a) = self.awaiting.remove(&key) {
-                out.push((key.0, key.1, self.audit(trainer, cfg, key.0, key.1, a)?));
-            }
-        }
-        // An audit abandoned with its history (a rewind) is settled too, so
-        // the network side does not wait for it.
-        if !self.awaiting.contains_key(&(step, member))
-            && !out.iter().any(|d| (d.0, d.1) == (step, member))
-        {
-            out.push((step, member, None));
-        }
-        Ok(out)
-    }
-
-    /// Whether `me` is one of the `quorum` witnesses, drawn from `reveal`,
-    /// that audit `member`'s contribution: enough to slash it if all of
-    /// them fail it, without every witness paying for every audit.
-    fn designated(&self, me: u32, reveal: &[u8; 32], member: u32) -> bool {
-        let eligible: Vec<u32> = self
-            .witnesses
-            .iter()
-            .copied()
-            .filter(|w| *w != member)
-            .collect();
-        let Some(pos) = eligible.iter().position(|w| *w == me) else {
-            return false;
-        };
-        let n = eligible.len();
-        let mut h = blake3::Hasher::new();
-        h.update(b"cohort-auditors-v1");
-        h.update(reveal);
-        h.update(&member.to_le_bytes());
-        let d = h.finalize();
-        let start = u64::from_le_bytes(d.as_bytes()[..8].try_into().unwrap_or([0; 8])) as usize % n;
-        (pos + n - start) % n < self.cfg.quorum.max(1)
-    }
-
-    /// Runs one audit once its momenta are in (or known to be withheld).
-    /// None when there is nothing to decide: the weights are no longer
-    /// kept, or the member could not be reached (it may have restarted), or
-    /// a randomly drawn member refused (a withheld momentum only counts
-    /// against a flagged payload).
-    fn audit(
-        &mut self,
-        trainer: &mut Trainer,
-        cfg: &NodeConfig,
-        step: u32,
-        member: u32,
-        a: Awaited,
-    ) -> Result<Option<AuditReport>, String> {
-        let Awaited {
-            c,
-            targeted,
-            own,
-            previous,
-        } = a;
-        let Wait::Done(own) = own else {
-            return Ok(None);
-        };
-        let Some(weights) = self.weights_at.get(&step.saturating_sub(1)) else {
-            eprintln!(
-                "member {}: audit of member {member} at step {step} skipped: its weights are no longer kept",
-                cfg.me
-            );
-            return Ok(None);
-        };
-        let evidence = audit::evidence_id(
-            &cfg.job,
-            cfg.epoch,
-            step,
-            member,
-            &audit::payload_hash(&c.payload),
-        );
-        let withheld = AuditReport {
-            step,
-            member,
-            passed: false,
-            targeted,
-            comparison: None,
-            chain_error: None,
-            secs: 0.0,
-            evidence,
-        };
-        let revealed = match own {
-            Revealed::Momentum(m) => audit::decode_momentum(&m, trainer.momentum()),
-            Revealed::Unreachable => return Ok(None),
-            Revealed::Refused if !targeted => return Ok(None),
-            Revealed::Lied | Revealed::Refused => None,
-        };
-        let Some(revealed) = revealed else {
-            return Ok(Some(withheld));
-        };
-        let t0 = Instant::now();
-        let (reference, _) = trainer
-            .replay_on(weights, &cfg.seed, cfg.epoch, step, member, &revealed)
-            .map_err(|e| e.to_string())?;
-        let cmp = audit::compare(trainer.layout(), &c.payload, &reference);
-        let mut report = AuditReport {
-            passed: cmp.passes(&self.cfg),
-            comparison: Some(cmp),
-            ..withheld
-        };
-        // The chain: replay the step before from the momentum committed
-        // then, on the weights it was computed on; this one must follow.
-        let before = step.wrapping_sub(1);
-        let chain_weights = self.weights_at.get(&before.saturating_sub(1));
-        match (report.passed, previous, chain_weights) {
-            (true, Some(Wait::Done(Revealed::Momentum(m))), Some(w)) => {
-                if let Some(prev) = audit::decode_momentum(&m, trainer.momentum()) {
-                    let (_, expected) = trainer
-                        .replay_on(w, &cfg.seed, cfg.epoch, before, member, &prev)
-                        .map_err(|e| e.to_string())?;
-                    let err = audit::chain_error(&revealed, &expected);
-                    report.chain_error = Some(err);
-                    report.passed = err <= self.cfg.max_chain_error;
-                }
-            }
-            // Lying about, or withholding, a signed commitment of a flagged
-            // payload's history is as bad as withholding its own: the chain
-            // cannot be followed.
-            (true, Some(Wait::Done(Revealed::Lied | Revealed::Refused)), _) => {
-                report.chain_error = Some(f32::INFINITY);
-                report.passed = false;
-            }
-            _ => {}
-        }
-        report.secs = t0.elapsed().as_secs_f64();
-        Ok(Some(report))
-    }
-}
-
-/// A member's work for one step: its contribution, its stats, and the
-/// momentum it reveals when that is not its real one (a forger's).
-type Computed = (Contribution, StepStats, Option<Vec<Vec<f32>>>);
-
-/// What an adversarial member remembers between steps.
-#[derive(Default)]
-struct Attacker {
-    first: Option<Payload>,
-    /// The other members' payloads of the last applied step.
-    seen: Vec<Payload>,
-}
-
-impl Attacker {
-    fn contribute(
-        &mut self,
-        trainer: &mut Trainer,
-        cfg: &NodeConfig,
-        mode: Mode,
-        step: u32,
-    ) -> Result<Computed, EngineError> {
-        // The forger commits to (and reveals) a momentum made up so its
-        // flipped payload recomputes exactly.
-        let forged = if mode == Mode::ForgedMomentum {
-            let (_, g) = trainer.member_gradients(&cfg.seed, cfg.epoch, step, trainer.id.index)?;
-            Some(adversary::forged_momentum(
-                trainer.momentum(),
-                &g,
-                trainer.decay(),
-            ))
-        } else {
-            None
-        };
-        let momentum_hash = audit::momentum_hash(forged.as_deref().unwrap_or(trainer.momentum()));
-        let own = if mode.computes(self.first.is_none()) {
-            Some(trainer.compute_scaled(&cfg.seed, cfg.epoch, step, mode.grad_scale())?)
-        } else {
-            None
-        };
-        let seen: Vec<&Payload> = self.seen.iter().collect();
-        let seed =
-            *blake3::hash(&[&cfg.seed[..], &step.to_le_bytes(), &cfg.me.to_le_bytes()].concat())
-                .as_bytes();
-        let payload = adversary::forge(
-            mode,
-            &Attack {
-                layout: trainer.layout(),
-                honest: &seen,
-                own: own.as_ref().map(|o| &o.0.payload),
-                first: self.first.as_ref(),
-                seed,
-            },
-        );
-        self.first.get_or_insert_with(|| payload.clone());
-        let stats = own.as_ref().map_or(
-            StepStats {
-                loss: 0.0,
-                compute_secs: 0.0,
-            },
-            |o| o.1,
-        );
-        Ok((
-            Contribution {
-                job: cfg.job,
-                epoch: cfg.epoch,
-                step,
-                member: trainer.id.member,
-                train_loss: stats.loss,
-                momentum_hash,
-                payload,
-            },
-            stats,
-            forged,
-        ))
-    }
-}
-
-/// The training side: compute step t+1 while step t is exchanged.
-fn train_loop(
-    cfg: NodeConfig,
-    mut trainer: Trainer,
-    rx: std_mpsc::Receiver<ToTrainer>,
-    tx: mpsc::UnboundedSender<FromTrainer>,
-) -> Result<(), String> {
-    let signer = msg::keypair(&cfg.secret);
-    let layout = trainer.layout().clone();
-    let send = |m: FromTrainer| tx.send(m).map_err(|_| "network task gone".to_string());
-    let mut guard = Guard {
-        cfg: cfg.defence.audit,
-        witness: cfg.defence.witnesses.contains(&cfg.me),
-        witnesses: cfg.defence.witnesses.clone(),
-        recent: BTreeMap::new(),
-        weights_at: BTreeMap::new(),
-        awaiting: BTreeMap::new(),
-        commitments: BTreeMap::new(),
-    };
-    let mut attacker = Attacker::default();
-    let mut resumed = false;
-    if let Some(path) = &cfg.checkpoint
-        && path.exists()
-    {
-        trainer.restore(path).map_err(|e| e.to_string())?;
-        resumed = cfg.epoch_start != Some(trainer.step());
-    }
-    send(FromTrainer::Ready {
-        step: trainer.step(),
-        resumed,
-    })?;
-    let syncing = cfg.join || resumed;
-    let mut generation = 0;
-    // Loads a shared state (trainer snapshot and the screen's memory).
-    let load_state = |trainer: &mut Trainer, guard: &mut Guard, bytes: &[u8]| {
-        let (snapshot, recent) = decode_state(bytes)?;
-        trainer.load_snapshot(snapshot).map_err(|e| e.to_string())?;
-        guard.recent = recent;
-        guard.remember(trainer);
-        Ok::<(), String>(())
-    };
-    loop {
-        match rx.recv().map_err(|_| "network task gone".to_string())? {
-            ToTrainer::Start => break,
-            ToTrainer::Snapshot {
-                bytes,
-                generation: g,
-            } if syncing => {
-                load_state(&mut trainer, &mut guard, &bytes)?;
-                generation = g;
-                send(FromTrainer::Synced {
-                    step: trainer.step(),
-                    resumed,
-                })?;
-                break;
-            }
-            _ => {}
-        }
-    }
-    guard.remember(&trainer);
-    let publish_state = |t: &Trainer, guard: &Guard| {
-        let snapshot = Arc::new(encode_state(t.snapshot(), &guard.recent));
-        let state_hash = *blake3::hash(&snapshot).as_bytes();
-        (state_hash, snapshot)
-    };
-    // The state hash of the current weights, kept so each step encodes and
-    // hashes the full state once (it is checked against the next manifest).
-    let (mut current_hash, snap) = publish_state(&trainer, &guard);
-    send(FromTrainer::Applied {
-        step: trainer.step(),
-        state_hash: current_hash,
-        snapshot: snap,
-        event: NodeEvent::Synced {
-            step: trainer.step(),
-            resumed,
-        },
-        generation,
-    })?;
-    // A fresh start computes steps 0 and 1 before applying 0; a node that
-    // synced at step s computes s+1 (its step-s contribution would be late).
-    let mut next_compute = if cfg.join || resumed {
-        trainer.step() + 1
-    } else {
-        trainer.step()
-    };
-    let mut compute_secs = 0.0;
-    let mut loss = 0.0;
-    // Loads a state sent by the network side (a rewind, or a download after
-    // a rewind too deep for this node's kept states). Contributions already
-    // announced are never computed again: a second, different one for the
-    // same step would be equivocation.
-    let load = |trainer: &mut Trainer,
-                guard: &mut Guard,
-                bytes: &[u8],
-                generation: u64,
-                next_compute: &mut u32|
-     -> Result<[u8; 32], String> {
-        load_state(trainer, guard, bytes)?;
-        *next_compute = (*next_compute).max(trainer.step() + 1);
-        let (hash, snapshot) = publish_state(trainer, guard);
-        send(FromTrainer::Applied {
-            step: trainer.step(),
-            state_hash: hash,
-            snapshot,
-            event: NodeEvent::Rewound {
-                step: trainer.step(),
-            },
-            generation,
-        })?;
-        Ok(hash)
-    };
-    let audit =
-        |trainer: &mut Trainer, guard: &mut Guard, step: u32, member: u32, outcome: Revealed| {
-            for (step, member, report) in guard.revealed(trainer, &cfg, step, member, outcome)? {
-                send(FromTrainer::AuditDone {
-                    step,
-                    member,
-                    report,
-                })?;
-            }
-            Ok::<(), String>(())
-        };
-    loop {
-        while trainer.step() < cfg.steps {
-            if next_compute < cfg.steps
-                && next_compute <= trainer.step() + 1
-                && cfg.pause.load(Ordering::Relaxed)
-            {
-                // Skipped, not postponed: a contribution for a step already
-                // being exchanged would only arrive late.
-                next_compute += 1;
-                continue;
-            }
-            if next_compute < cfg.steps && next_compute <= trainer.step() + 1 {
-                let before = audit::encode_momentum(trainer.momentum());
-                let (c, stats, forged) = match cfg.defence.adversary {
-                    None => trainer
-                        .compute_step(&cfg.seed, cfg.epoch, next_compute)
-                        .map(|(c, s)| (c, s, None)),
-                    Some(mode) => attacker.contribute(&mut trainer, &cfg, mode, next_compute),
-                }
-                .map_err(|e| e.to_string())?;
-                let momentum = Arc::new(forged.map_or(before, |m| audit::encode_momentum(&m)));
-                compute_secs = stats.compute_secs;
-                loss = stats.loss;
-                let bytes = c.encode_signed(&layout, &signer);
-                let announce = Announce {
-                    job: cfg.job,
-                    epoch: cfg.epoch,
-                    step: next_compute,
-                    member: cfg.me,
-                    payload_hash: *blake3::hash(&bytes).as_bytes(),
-                    momentum_hash: c.momentum_hash,
-                    len: bytes.len() as u32,
-                    produced_us: now_us(),
-                };
-                send(FromTrainer::Contribution {
-                    announce,
-                    bytes,
-                    momentum,
-                    compute_secs,
-                })?;
-                next_compute += 1;
-                if next_compute <= trainer.step() + 1 && next_compute < cfg.steps {
-                    continue;
-                }
-            }
-            let blocked_from = now_us();
-            let next = loop {
-                match rx.recv().map_err(|_| "network task gone".to_string())? {
-                    ToTrainer::Apply {
-                        manifest,
-                        payloads,
-                        last_produced_us,
-                        same_history,
-                    } if manifest.step == trainer.step() => {
-                        break Some((manifest, payloads, last_produced_us, same_history));
-                    }
-                    ToTrainer::Snapshot {
-                        bytes,
-                        generation: g,
-                    } => {
-                        current_hash =
-                            load(&mut trainer, &mut guard, &bytes, g, &mut next_compute)?;
-                        generation = g;
-                        break None;
-                    }
-                    // Audits run while this node waits for the manifest.
-                    ToTrainer::Audit {
-                        step,
-                        member,
-                        outcome,
-                    } => audit(&mut trainer, &mut guard, step, member, outcome)?,
-                    ToTrainer::Slashed(m) => guard.witnesses.retain(|w| *w != m),
-                    _ => {}
-                }
-            };
-            let Some((manifest, payloads, last_produced_us, same_history)) = next else {
-                continue;
-            };
-            let unblocked = now_us();
-            // A leader with another history legitimately has other weights
-            // (one of us rewinds once the better manifest is known).
-            if same_history {
-                send(FromTrainer::StateCheck {
-                    step: manifest.step,
-                    leader: manifest.leader,
-                    matches: manifest.state_hash == current_hash,
-                })?;
-            }
-            // Payloads that do not decode (or are not the member's for this
-            // step) are skipped; every node holds the same bytes for a
-            // manifest, so every node skips the same ones.
-            let mut contributions = Vec::with_capacity(payloads.len());
-            let mut contributors = Vec::with_capacity(payloads.len());
-            for ((member, _), bytes) in manifest.entries.iter().zip(&payloads) {
-                let Some(key) = cfg.members.get(*member as usize) else {
-                    continue;
-                };
-                match Contribution::decode_signed(bytes, &layout) {
-                    Ok(c) if c.member == *key && c.step == manifest.step && c.job == cfg.job => {
-                        contributions.push(c);
-                        contributors.push(*member);
-                    }
-                    // Bytes listed under a member's name that the member did
-                    // not sign: the leader's doing, never the member's.
-                    Err(EngineError::Signature) if *member != manifest.leader => {
-                        send(FromTrainer::ForgedEntry {
-                            step: manifest.step,
-                            leader: manifest.leader,
-                            member: *member,
-                        })?;
-                    }
-                    _ => {}
-                }
-            }
-            // Flagged and copied payloads get no vote; the screen is a pure
-            // function of the manifest's payloads and the recent steps', so
-            // every node weighs them alike and stays bit-identical.
-            let verdict = guard.screen(&layout, manifest.step, &contributions);
-            let targets = guard.draw(cfg.me, &manifest, &contributors, &contributions, &verdict);
-            if cfg.defence.adversary.is_some() {
-                attacker.seen = contributors
-                    .iter()
-                    .zip(&contributions)
-                    .filter(|(m, _)| **m != cfg.me)
-                    .map(|(_, c)| c.payload.clone())
-                    .collect();
-            }
-            trainer
-                .apply_weighted(&contributions, &verdict.weights)
-                .map_err(|e| e.to_string())?;
-            guard.remember(&trainer);
-            if let Some(path) = &cfg.checkpoint {
-                trainer.save(path).map_err(|e| e.to_string())?;
-            }
-            if !targets.is_empty() {
-                send(FromTrainer::AuditTargets {
-                    step: manifest.step,
-                    targets,
-                })?;
-            }
-            let blocked = (unblocked.saturating_sub(blocked_from)) as f64 / 1e6;
-            let wait = (last_produced_us.saturating_sub(blocked_from) as f64 / 1e6).min(blocked);
-            let (state_hash, snapshot) = publish_state(&trainer, &guard);
-            current_hash = state_hash;
-            send(FromTrainer::Applied {
-                step: trainer.step(),
-                state_hash,
-                snapshot,
-                event: NodeEvent::Applied {
-                    step: manifest.step,
-                    model_hash: trainer.model_hash(),
-                    contributors,
-                    times: StepTimes {
-                        compute: compute_secs,
-                        comm: blocked - wait,
-                        wait,
-                    },
-                    loss,
-                },
-                generation,
-            })?;
-        }
-        send(FromTrainer::Done {
-            model_hash: trainer.model_hash(),
-            generation,
-        })?;
-        // The node lingers for its peers; a better manifest for one of the
-        // last steps can still rewind it until the network side hangs up,
-        // and the last steps' audits finish here.
-        loop {
-            match rx.recv() {
-                Err(_) => return Ok(()),
-                Ok(ToTrainer::Snapshot {
-                    bytes,
-                    generation: g,
-                }) => {
-                    current_hash = load(&mut trainer, &mut guard, &bytes, g, &mut next_compute)?;
-                    generation = g;
-                    break;
-                }
-                Ok(ToTrainer::Audit {
-                    step,
-                    member,
-                    outcome,
-                }) => audit(&mut trainer, &mut guard, step, member, outcome)?,
-                Ok(_) => {}
-            }
-        }
-    }
-}
 
 enum Pending {
     Payload([u8; 32]),
@@ -1201,6 +91,14 @@ struct Net {
     events: Vec<NodeEvent>,
     snapshots: BTreeMap<u32, Arc<Vec<u8>>>,
     pending: HashMap<OutboundRequestId, Pending>,
+    /// When each pending request is given up (`Timing::deadline`).
+    deadlines: HashMap<OutboundRequestId, Instant>,
+    /// Size of this node's own payloads: what a payload fetch expects.
+    payload_len: u64,
+    /// This node's recent payloads: hash → step.
+    own_payloads: BTreeMap<[u8; 32], u32>,
+    /// Requests the stalling attacker holds unanswered (tests only).
+    unanswered: std::collections::VecDeque<request_response::ResponseChannel<Response>>,
     heartbeat_seq: BTreeMap<[u8; 32], u64>,
     seq: u64,
     applied: u32,
@@ -1214,8 +112,6 @@ struct Net {
     to_trainer: std_mpsc::Sender<ToTrainer>,
     unpublished: Vec<Vec<u8>>,
     stats: NodeStats,
-    /// `COHORT_NET_DEBUG` set: log every protocol action to stderr.
-    debug: bool,
     done: Option<Instant>,
     peers_done: std::collections::BTreeSet<u32>,
     /// This member's momentum before each of its recent contributions:
@@ -1223,8 +119,12 @@ struct Net {
     momenta: BTreeMap<u32, Arc<Vec<u8>>>,
     /// Momentum downloads for audits: (step, member) → progress.
     reveals: BTreeMap<(u32, u32), Reveal>,
-    /// Accusations heard: accused → witness → evidence.
-    accusations: BTreeMap<u32, BTreeMap<u32, [u8; 32]>>,
+    /// The defence policy (this side's copy: the trainer holds another).
+    policy: Policy,
+    /// Accusations heard, counted under `policy`.
+    tally: Tally,
+    /// Evidence this node accused on from proof it holds (once each).
+    proofs: BTreeSet<[u8; 32]>,
     /// Members this node accused: the only ones it co-signs reports on.
     accused_by_me: BTreeSet<u32>,
     cosigns: HashMap<u64, CosignRound>,
@@ -1275,7 +175,9 @@ impl Net {
     /// What a lying leader does to its manifest before signing it: states
     /// a state hash that is not the state's, and lists under another
     /// member's name a copy of that member's payload with one byte changed
-    /// (served by the leader itself).
+    /// (served by the leader itself), leaving out the next other member's
+    /// contribution. It then signs a second manifest for the same attempt
+    /// (see `drive`).
     fn lie(&mut self, m: &mut Manifest) {
         m.state_hash = *blake3::hash(&m.state_hash).as_bytes();
         let me = self.cfg.me;
@@ -1292,8 +194,18 @@ impl Net {
             // Held in the machine too, or `prune` drops the bytes and the
             // manifest becomes unservable (and is replaced) before anyone
             // sees the forgery.
-            self.machine.on_payload(hash);
+            let now = self.now();
+            self.machine.on_payload(now, hash);
             entry.1 = hash;
+            // And it censors: the next other member is left out.
+            let forged = entry.0;
+            if let Some(pos) = m
+                .entries
+                .iter()
+                .position(|(who, _)| *who != me && *who != forged)
+            {
+                m.entries.remove(pos);
+            }
         }
     }
 
@@ -1334,8 +246,10 @@ impl Net {
     /// What needs the signature checked first: heartbeat sequence numbers.
     fn admit(&mut self, s: &Signed) -> Result<(), Drop> {
         if let Body::Heartbeat(h) = &s.body {
+            // Another epoch's: at an epoch boundary an honest forwarder may
+            // still be in it.
             if h.epoch != self.cfg.epoch {
-                return Err(Drop::WrongJob);
+                return Err(Drop::OutOfWindow);
             }
             let last = self.heartbeat_seq.entry(s.signer).or_insert(0);
             if h.seq <= *last {
@@ -1353,27 +267,25 @@ impl Net {
             Ok(s) => s,
             Err(d) => {
                 self.stats.drop(d);
-                // A lagging honest member may still speak of steps past
-                // this node's window: ignored, not held against it.
-                return if d == Drop::OutOfWindow {
-                    MessageAcceptance::Ignore
-                } else {
-                    MessageAcceptance::Reject
-                };
+                return acceptance(d);
             }
         };
         let now = self.now();
-        self.machine.on_alive(now, signed.body.member());
+        // Signs of life come from fresh messages only (a heartbeat with a
+        // new sequence number, a new announcement or manifest): anyone can
+        // re-gossip a dead leader's old ones.
         match signed.body {
             Body::Announce(a) => match self.machine.on_announce(now, &a) {
                 Verdict::Accepted => self.stats.accepted += 1,
                 Verdict::Duplicate => {
                     self.stats.drop(Drop::Replayed);
-                    return MessageAcceptance::Reject;
+                    return acceptance(Drop::Replayed);
                 }
+                // Not forwarded, not held against the forwarder (which may
+                // have seen the other one first).
                 Verdict::Equivocation => {
                     self.stats.equivocations += 1;
-                    return MessageAcceptance::Reject;
+                    return MessageAcceptance::Ignore;
                 }
                 Verdict::TooFar => {
                     self.stats.drop(Drop::OutOfWindow);
@@ -1384,6 +296,7 @@ impl Net {
             Body::Manifest(m) => return self.on_manifest(m, signed.raw),
             Body::Heartbeat(h) => {
                 self.stats.accepted += 1;
+                self.machine.on_alive(now, h.member);
                 // Done, and auditing nobody: a witness that still audits
                 // may yet ask this node for a momentum.
                 if h.applied >= self.cfg.steps && h.auditing == 0 {
@@ -1403,10 +316,50 @@ impl Net {
         MessageAcceptance::Accept
     }
 
+    /// A signed manifest: applied, ranked or dropped by the step machine;
+    /// a leader's second manifest for one attempt on one history is proof
+    /// against it.
     fn on_manifest(&mut self, m: Manifest, raw: Vec<u8>) -> MessageAcceptance {
+        let seen = self.machine.evidence.len();
+        let verdict = self.rank_manifest(m, raw);
+        for o in std::mem::take(&mut self.machine.omissions) {
+            *self.stats.omissions.entry(o.leader).or_default() += 1;
+            self.events.push(NodeEvent::Omitted {
+                step: o.step,
+                leader: o.leader,
+                member: o.member,
+            });
+        }
+        let fresh: Vec<(u32, u32, u8)> = self.machine.evidence[seen..]
+            .iter()
+            .filter(|e| e.proves_fraud())
+            .map(|e| (e.first.leader, e.first.step, e.first.attempt))
+            .collect();
+        for (leader, step, attempt) in fresh {
+            let evidence = defence::equivocation_evidence(
+                &self.cfg.job,
+                self.cfg.epoch,
+                step,
+                attempt,
+                leader,
+            );
+            self.accuse_leader(leader, step, evidence, Ground::Equivocation);
+        }
+        verdict
+    }
+
+    fn rank_manifest(&mut self, m: Manifest, raw: Vec<u8>) -> MessageAcceptance {
         let step = m.step;
         let leader = m.leader;
-        match self.machine.on_manifest(self.now(), m) {
+        let now = self.now();
+        let verdict = self.machine.on_manifest(now, m);
+        if matches!(
+            verdict,
+            Verdict::Accepted | Verdict::Superseded | Verdict::Rewind | Verdict::Equivocation
+        ) {
+            self.machine.on_alive(now, leader);
+        }
+        match verdict {
             Verdict::Accepted => {
                 self.stats.accepted += 1;
                 self.manifests_raw.insert(step, raw);
@@ -1417,15 +370,18 @@ impl Net {
             }
             Verdict::Duplicate => {
                 self.stats.drop(Drop::Replayed);
-                MessageAcceptance::Reject
+                acceptance(Drop::Replayed)
             }
             Verdict::WrongLeader => {
                 self.stats.drop(Drop::WrongLeader);
-                MessageAcceptance::Reject
+                acceptance(Drop::WrongLeader)
             }
+            // Forwarded: the second signed manifest is the proof other
+            // witnesses need (the machine keeps a bounded number per
+            // attempt; past that they are duplicates).
             Verdict::Equivocation => {
                 self.stats.equivocations += 1;
-                MessageAcceptance::Reject
+                MessageAcceptance::Accept
             }
             Verdict::Superseded => {
                 self.stats.superseded += 1;
@@ -1512,9 +468,58 @@ impl Net {
         let Some(Some(peer)) = self.peers.get(member as usize).copied() else {
             return false;
         };
-        let id = self.swarm.behaviour_mut().blobs.send_request(&peer, req);
+        let id = self.send(&peer, req);
         self.pending.insert(id, what);
         true
+    }
+
+    /// Sends a request with a deadline scaled to the answer's size: a peer
+    /// that trickles costs that long, not the transport's 20 s.
+    fn send(&mut self, peer: &PeerId, req: Request) -> OutboundRequestId {
+        let bytes = match &req {
+            Request::Payload(_) => self.payload_len,
+            Request::Snapshot { .. } | Request::Momentum { .. } => msg::SNAPSHOT_CHUNK as u64,
+            Request::Manifest { .. } => msg::MAX_GOSSIP as u64,
+            Request::Cosign(_) => 0,
+        };
+        let deadline = Instant::now() + self.cfg.timing.deadline(bytes);
+        let id = self.swarm.behaviour_mut().blobs.send_request(peer, req);
+        self.deadlines.insert(id, deadline);
+        id
+    }
+
+    /// The stalling attacker answers a request for its payload only from
+    /// that step's first leader (so the payload gets listed) and leaves
+    /// everyone else waiting: an author that trickles.
+    fn stalls(&self, from: &PeerId, req: &Request) -> bool {
+        let Request::Payload(hash) = req else {
+            return false;
+        };
+        if self.cfg.defence.adversary != Some(Mode::Stalling) {
+            return false;
+        }
+        let asker = self.peers.iter().position(|p| p.as_ref() == Some(from));
+        let step = self.own_payloads.get(hash).copied();
+        match (asker, step) {
+            (Some(asker), Some(step)) => self.machine.leader(step, 0) != asker as u32,
+            _ => true,
+        }
+    }
+
+    /// Requests past their deadline fail now (a late answer is ignored).
+    fn expire_requests(&mut self) {
+        let now = Instant::now();
+        let late: Vec<OutboundRequestId> = self
+            .deadlines
+            .iter()
+            .filter(|(_, d)| now >= **d)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in late {
+            self.deadlines.remove(&id);
+            self.stats.timed_out += 1;
+            self.on_failure(id);
+        }
     }
 
     fn request_snapshot(&mut self, step: u32, from: u32) {
@@ -1538,11 +543,7 @@ impl Net {
             parent: m.parent,
         });
         self.sync_requested = Some(Instant::now());
-        let id = self
-            .swarm
-            .behaviour_mut()
-            .blobs
-            .send_request(&peer, Request::Snapshot { step, offset: 0 });
+        let id = self.send(&peer, Request::Snapshot { step, offset: 0 });
         self.pending.insert(id, Pending::Snapshot { step, peer });
     }
 
@@ -1630,12 +631,14 @@ impl Net {
         };
         r.tries += 1;
         r.refused |= answered;
-        if self.debug {
-            eprintln!(
-                "[{}] momentum of {member} for step {step}: try {} failed (answered: {answered})",
-                self.cfg.me, r.tries
-            );
-        }
+        tracing::debug!(
+            me = self.cfg.me,
+            member,
+            step,
+            tries = r.tries,
+            answered,
+            "momentum fetch failed"
+        );
         r.buf.clear();
         // Unreachable is not a refusal: a busy or restarting member gets
         // time (a cheat gains nothing by going quiet, the audit waits).
@@ -1723,68 +726,139 @@ impl Net {
     /// This witness's audit of `report.member` failed: tell everyone.
     fn accuse(&mut self, report: &AuditReport) {
         let bp = |x: f32| (x.clamp(0.0, 1.0) * 10_000.0).round() as u16;
+        self.accuse_with(
+            report.member,
+            report.step,
+            report.evidence,
+            report.ground,
+            report
+                .comparison
+                .map_or((0, 0), |c| (bp(c.overlap), bp(c.agreement))),
+        );
+    }
+
+    /// This witness holds proof against `leader` by itself (two signed
+    /// manifests for one attempt on one history, or an entry its member
+    /// never signed): it accuses, once per evidence.
+    fn accuse_leader(&mut self, leader: u32, step: u32, evidence: [u8; 32], ground: Ground) {
+        let me = self.cfg.me;
+        if leader == me || !self.policy.witnesses.contains(&me) || !self.proofs.insert(evidence) {
+            return;
+        }
+        tracing::info!(
+            me,
+            leader,
+            step,
+            ?ground,
+            "accusing a leader on proof it holds"
+        );
+        self.accuse_with(leader, step, evidence, ground, (0, 0));
+    }
+
+    fn accuse_with(
+        &mut self,
+        accused: u32,
+        step: u32,
+        evidence: [u8; 32],
+        ground: Ground,
+        (overlap, agreement): (u16, u16),
+    ) {
         let a = Accuse {
             job: self.cfg.job,
             epoch: self.cfg.epoch,
-            step: report.step,
-            accused: report.member,
+            step,
+            accused,
             witness: self.cfg.me,
-            evidence: report.evidence,
-            overlap: report.comparison.map_or(0, |c| bp(c.overlap)),
-            agreement: report.comparison.map_or(0, |c| bp(c.agreement)),
+            evidence,
+            overlap,
+            agreement,
+            ground,
         };
-        self.accused_by_me.insert(report.member);
+        self.accused_by_me.insert(accused);
+        self.events.push(NodeEvent::Accused {
+            member: accused,
+            step,
+            evidence,
+            ground,
+        });
         self.publish(msg::sign(&Body::Accuse(a.clone()), &self.key));
         self.on_accuse(&a);
     }
 
-    /// Counts an accusation; a quorum of the epoch's witnesses slashes.
+    /// Counts an accusation under the defence policy (an auditor of that
+    /// contribution, or proof; a quorum on the same evidence convicts), and
+    /// confirms another auditor's drawn audit this node is an auditor of.
     fn on_accuse(&mut self, a: &Accuse) -> MessageAcceptance {
         let n = self.cfg.members.len() as u32;
-        if a.epoch != self.cfg.epoch
-            || a.accused >= n
-            || !self.cfg.defence.witnesses.contains(&a.witness)
-        {
+        if a.accused >= n {
             self.stats.drop(Drop::NotMember);
-            return MessageAcceptance::Reject;
+            return acceptance(Drop::NotMember);
         }
-        let by = self.accusations.entry(a.accused).or_default();
-        by.entry(a.witness).or_insert(a.evidence);
-        // A slashed witness's word no longer counts (nor can it sign on chain).
-        let machine = &self.machine;
-        let witnesses: Vec<u32> = by
-            .keys()
-            .copied()
-            .filter(|w| !machine.is_slashed(*w))
-            .collect();
-        let quorum = self.cfg.defence.audit.quorum.max(1);
-        if witnesses.len() >= quorum && !self.machine.is_slashed(a.accused) {
-            self.machine.slash(a.accused);
-            self.stats.slashed.insert(a.accused);
-            // Its open audits are moot now: nobody waits for them.
-            let accused = a.accused;
-            self.auditing.retain(|(_, m)| *m != accused);
-            self.reveals.retain(|(_, m), _| *m != accused);
-            // Only the first `quorum` accusers sign the report; the first
-            // of them sends it.
-            let signers = &witnesses[..quorum];
-            let me = self.cfg.me;
-            let owes = if signers.first() == Some(&me) {
-                self.reports
-            } else {
-                signers.contains(&me) && self.cfg.defence.cosigner.is_some()
-            };
-            if owes {
-                self.owed_reports.insert(a.accused, None);
+        if a.epoch != self.cfg.epoch {
+            self.stats.drop(Drop::OutOfWindow);
+            return acceptance(Drop::OutOfWindow);
+        }
+        let accusation = defence::Accusation {
+            witness: a.witness,
+            accused: a.accused,
+            step: a.step,
+            evidence: a.evidence,
+            ground: a.ground,
+        };
+        let conviction = match self.tally.add(&self.policy, &accusation) {
+            Ok(c) => c,
+            Err(why) => {
+                // Who counts changes as witnesses are slashed, so a
+                // forwarder may still have counted it: not held against it.
+                tracing::debug!(me = self.cfg.me, witness = a.witness, accused = a.accused, %why, "accusation not counted");
+                self.stats.drop(Drop::NotMember);
+                return MessageAcceptance::Ignore;
             }
-            let _ = self.to_trainer.send(ToTrainer::Slashed(a.accused));
-            self.events.push(NodeEvent::Slashed {
-                member: a.accused,
+        };
+        let me = self.cfg.me;
+        if let Ground::Drawn { by, coin } = a.ground
+            && a.witness != me
+            && self.policy.is_auditor(me, a.step, a.accused)
+        {
+            let _ = self.to_trainer.send(ToTrainer::Confirm {
                 step: a.step,
-                witnesses,
-                evidence: a.evidence,
+                member: a.accused,
+                by,
+                coin,
             });
         }
+        let Some(c) = conviction else {
+            return MessageAcceptance::Accept;
+        };
+        if self.machine.is_slashed(c.accused) {
+            return MessageAcceptance::Accept;
+        }
+        self.machine.slash(c.accused);
+        self.policy.slash(c.accused);
+        self.stats.slashed.insert(c.accused);
+        // Its open audits are moot now: nobody waits for them.
+        let accused = c.accused;
+        self.auditing.retain(|(_, m)| *m != accused);
+        self.reveals.retain(|(_, m), _| *m != accused);
+        // Only the first `quorum` accusers sign the report; the first
+        // of them sends it.
+        let quorum = self.policy.audit.quorum.max(1).min(c.witnesses.len());
+        let signers = &c.witnesses[..quorum];
+        let owes = if signers.first() == Some(&me) {
+            self.reports
+        } else {
+            signers.contains(&me) && self.cfg.defence.cosigner.is_some()
+        };
+        if owes {
+            self.owed_reports.insert(c.accused, None);
+        }
+        let _ = self.to_trainer.send(ToTrainer::Slashed(c.accused));
+        self.events.push(NodeEvent::Slashed {
+            member: c.accused,
+            step: c.step,
+            witnesses: c.witnesses,
+            evidence: c.evidence,
+        });
         MessageAcceptance::Accept
     }
 
@@ -1846,6 +920,7 @@ impl Net {
     }
 
     fn on_response(&mut self, id: OutboundRequestId, resp: Response) {
+        self.deadlines.remove(&id);
         let Some(p) = self.pending.remove(&id) else {
             return;
         };
@@ -1854,7 +929,8 @@ impl Net {
                 self.stats.bytes_in += bytes.len() as u64;
                 if *blake3::hash(&bytes).as_bytes() == hash && bytes.len() <= msg::MAX_RESPONSE {
                     self.payloads.insert(hash, bytes);
-                    self.machine.on_payload(hash);
+                    let now = self.now();
+                    self.machine.on_payload(now, hash);
                 } else {
                     self.stats.drop(Drop::BadBlob);
                     self.machine.on_fetch_failed(hash);
@@ -1911,13 +987,8 @@ impl Net {
                 }
                 buf.extend_from_slice(&chunk);
                 if buf.len() < total as usize && !chunk.is_empty() {
-                    let id = self.swarm.behaviour_mut().blobs.send_request(
-                        &peer,
-                        Request::Snapshot {
-                            step,
-                            offset: buf.len() as u32,
-                        },
-                    );
+                    let offset = buf.len() as u32;
+                    let id = self.send(&peer, Request::Snapshot { step, offset });
                     self.pending.insert(id, Pending::Snapshot { step, peer });
                     return;
                 }
@@ -1964,6 +1035,7 @@ impl Net {
     }
 
     fn on_failure(&mut self, id: OutboundRequestId) {
+        self.deadlines.remove(&id);
         match self.pending.remove(&id) {
             Some(Pending::Payload(h)) => self.machine.on_fetch_failed(h),
             Some(Pending::Snapshot { step, .. }) => self.retry_snapshot(step),
@@ -1977,9 +1049,7 @@ impl Net {
     fn drive(&mut self) {
         let actions = self.machine.poll(self.now());
         for a in actions {
-            if self.debug {
-                eprintln!("[{}] {:?}", self.cfg.me, a);
-            }
+            tracing::trace!(me = self.cfg.me, action = ?a);
             match a {
                 Action::Fetch { hash, from } => {
                     if !self.ask(from, Request::Payload(hash), Pending::Payload(hash)) {
@@ -1989,13 +1059,24 @@ impl Net {
                 Action::RequestManifest { step, from } => {
                     self.ask(from, Request::Manifest { step }, Pending::Manifest);
                 }
+                // The stalling member leads in silence.
+                Action::Publish(_) if self.cfg.defence.adversary == Some(Mode::Stalling) => {}
                 Action::Publish(mut m) => {
+                    // The lying leader also equivocates: a second signed
+                    // manifest for the same attempt, without its own entry.
+                    let mut twin = None;
                     if self.cfg.defence.adversary == Some(Mode::LyingLeader) {
                         self.lie(&mut m);
+                        let mut t = m.clone();
+                        t.entries.retain(|(who, _)| *who != self.cfg.me);
+                        twin = (t != m).then_some(t);
                     }
                     let raw = msg::sign(&Body::Manifest(m.clone()), &self.key);
                     self.manifests_raw.insert(m.step, raw.clone());
                     self.publish(raw);
+                    if let Some(t) = twin {
+                        self.publish(msg::sign(&Body::Manifest(t), &self.key));
+                    }
                 }
                 Action::Apply {
                     manifest,
@@ -2041,7 +1122,21 @@ impl Net {
             .collect()
     }
 
+    /// The lowest gossip score of any connected peer so far (a peer that
+    /// sent invalid messages goes negative, and past -80 is graylisted).
+    fn note_scores(&mut self) {
+        let g = &self.swarm.behaviour().gossip;
+        let low = g
+            .all_peers()
+            .filter_map(|(p, _)| g.peer_score(p))
+            .fold(f64::INFINITY, f64::min);
+        if low.is_finite() {
+            self.stats.lowest_peer_score = self.stats.lowest_peer_score.min(low);
+        }
+    }
+
     fn heartbeat(&mut self) {
+        self.note_scores();
         self.seq = self.seq.max(now_us());
         let hb = Heartbeat {
             job: self.cfg.job,
@@ -2092,6 +1187,16 @@ impl Net {
 }
 
 /// The piece of a large blob (a state, a momentum) that starts at `offset`.
+/// What gossipsub is told about a dropped message: rejected (and held
+/// against the forwarder's score) only when every honest node drops it too.
+fn acceptance(d: Drop) -> MessageAcceptance {
+    if d.blames_forwarder() {
+        MessageAcceptance::Reject
+    } else {
+        MessageAcceptance::Ignore
+    }
+}
+
 fn chunk_of(blob: Option<&Arc<Vec<u8>>>, offset: u32) -> Response {
     match blob {
         Some(b) if (offset as usize) <= b.len() => {
@@ -2168,6 +1273,12 @@ pub async fn run_with_control(
         .gossip
         .subscribe(&topic)
         .map_err(|e| NodeError::Config(format!("gossip subscribe: {e}")))?;
+    let (params, thresholds) = swarm::scoring(&topic);
+    swarm
+        .behaviour_mut()
+        .gossip
+        .with_peer_score(params, thresholds)
+        .map_err(|e| NodeError::Config(format!("gossip scoring: {e}")))?;
     let (to_trainer, trainer_rx) = std_mpsc::channel();
     let (trainer_tx, mut from_trainer) = mpsc::unbounded_channel();
     let tcfg = cfg.clone();
@@ -2195,6 +1306,10 @@ pub async fn run_with_control(
         events: Vec::new(),
         snapshots: BTreeMap::new(),
         pending: HashMap::new(),
+        deadlines: HashMap::new(),
+        payload_len: 64 * 1024,
+        unanswered: std::collections::VecDeque::new(),
+        own_payloads: BTreeMap::new(),
         heartbeat_seq: BTreeMap::new(),
         seq: 0,
         applied: 0,
@@ -2208,14 +1323,21 @@ pub async fn run_with_control(
         unpublished: Vec::new(),
         stats: NodeStats::default(),
         links: HashMap::new(),
-        debug: std::env::var_os("COHORT_NET_DEBUG").is_some(),
         done: None,
         peers_done: Default::default(),
         momenta: BTreeMap::new(),
         reveals: BTreeMap::new(),
         auditing: BTreeSet::new(),
         peers_auditing: BTreeSet::new(),
-        accusations: BTreeMap::new(),
+        policy: Policy {
+            audit: cfg.defence.audit,
+            witnesses: cfg.defence.witnesses.clone(),
+            seed: cfg.seed,
+            job: cfg.job,
+            epoch: cfg.epoch,
+        },
+        tally: Tally::default(),
+        proofs: BTreeSet::new(),
         accused_by_me: BTreeSet::new(),
         cosigns: HashMap::new(),
         next_round: 0,
@@ -2260,6 +1382,15 @@ pub async fn run_with_control(
                 }
                 SwarmEvent::Behaviour(BehaviourEvent::Blobs(request_response::Event::Message { peer, message, .. })) => match message {
                     request_response::Message::Request { request, channel, .. } => {
+                        // The stalling member never answers for its
+                        // payloads: the asker waits out its deadline.
+                        if net.stalls(&peer, &request) {
+                            net.unanswered.push_back(channel);
+                            if net.unanswered.len() > 256 {
+                                net.unanswered.pop_front();
+                            }
+                            continue;
+                        }
                         let resp = net.serve(&peer, request);
                         net.stats.bytes_out += resp.encode().len() as u64;
                         let _ = net.swarm.behaviour_mut().blobs.send_response(channel, resp);
@@ -2271,9 +1402,7 @@ pub async fn run_with_control(
                     }
                 },
                 SwarmEvent::Behaviour(BehaviourEvent::Blobs(request_response::Event::OutboundFailure { request_id, error, .. })) => {
-                    if net.debug {
-                        eprintln!("[{}] request failed: {error}", net.cfg.me);
-                    }
+                    tracing::debug!(me = net.cfg.me, %error, "request failed");
                     net.on_failure(request_id);
                     net.drive();
                 }
@@ -2315,6 +1444,10 @@ pub async fn run_with_control(
                             net.momenta.pop_first();
                         }
                         net.next_contribution = announce.step + 1;
+                        net.payload_len = bytes.len() as u64;
+                        net.own_payloads.insert(announce.payload_hash, announce.step);
+                        let keep = announce.step.saturating_sub(2 * KEEP);
+                        net.own_payloads.retain(|_, s| *s >= keep);
                         net.payloads.insert(announce.payload_hash, bytes);
                         let now = net.now();
                         net.machine.on_local(now, &announce);
@@ -2341,9 +1474,15 @@ pub async fn run_with_control(
                         net.prune();
                         net.drive();
                     }
-                    FromTrainer::ForgedEntry { step, leader, member } => {
+                    FromTrainer::ForgedEntry { step, leader, member, hash } => {
                         net.stats.forged_entries += 1;
                         on_event(&NodeEvent::ForgedEntry { step, leader, member });
+                        // Proof against the leader only when the member
+                        // announced other bytes (and nothing else).
+                        if net.machine.leader_forged(step, member, &hash) {
+                            let evidence = defence::forged_entry_evidence(&net.cfg.job, net.cfg.epoch, step, leader, member);
+                            net.accuse_leader(leader, step, evidence, Ground::ForgedEntry);
+                        }
                     }
                     FromTrainer::StateCheck { step, leader, matches } => {
                         match net.divergence.check(step, leader, matches) {
@@ -2356,9 +1495,7 @@ pub async fn run_with_control(
                         }
                     }
                     FromTrainer::AuditTargets { step, targets } => {
-                        if net.debug {
-                            eprintln!("[{}] audit step {step}: {:?}", net.cfg.me, targets.iter().map(|t| t.member).collect::<Vec<_>>());
-                        }
+                        tracing::debug!(me = net.cfg.me, step, members = ?targets.iter().map(|t| t.member).collect::<Vec<_>>(), "auditing");
                         for t in targets {
                             net.auditing.insert((step, t.member));
                             net.fetch_momentum(step, t.member, t.hash);
@@ -2400,6 +1537,7 @@ pub async fn run_with_control(
                 }
             }
             _ = tick.tick() => {
+                net.expire_requests();
                 if waiting_start {
                     let members: usize = net.peers.iter().flatten().filter(|p| net.subscribed.contains(p)).count();
                     if !net.syncing && (members >= min_peers || Instant::now() > start_deadline) {

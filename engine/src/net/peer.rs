@@ -8,6 +8,7 @@ use super::shaper::Link;
 use super::step::Timing;
 use crate::backend::{self, BackendChoice};
 use crate::data::Corpus;
+use crate::defence::Ground;
 use crate::model::ModelConfig;
 use crate::runner::{epoch_seed, member_key};
 use crate::trainer::TrainConfig;
@@ -29,6 +30,8 @@ pub const USAGE: &str = "usage: cohort-peer --index I --members N [options]
   --rtt-ms Y          add Y ms round trip (Y/2 per direction)
   --collect-ms MS     leader's wait for contributions         [3000]
   --fallback-ms MS    extra wait per fall-back leader         [2000]
+  --silent-ms MS      a live leader silent this long is replaced [10000]
+  --request-ms MS     request deadline before size is counted [5000]
   --min-peers K       peers to wait for before starting        [all]
   --backfill-from S   after a sync, report contributors of the steps missed since S
   --backend B         auto|cpu|wgpu|cuda                      [cpu]
@@ -37,7 +40,8 @@ pub const USAGE: &str = "usage: cohort-peer --index I --members N [options]
   --audit-rate R      share of unflagged contributions audited  [0.02]
   --chain-rate R      share of those that check the momentum chain too [0]
   --adversary MODE    attack (tests only): sign-flip, noise, scale, alie, ipm,
-                      free-rider, copycat, stale, forged-momentum
+                      free-rider, copycat, stale, forged-momentum,
+                      lying-leader, stalling
   --mdns              discover peers on the LAN
   --peer-id-of I      print member I's peer id and exit
 ";
@@ -92,6 +96,8 @@ fn parse(args: &[String]) -> Result<(NodeConfig, BackendChoice), String> {
             "--rtt-ms" => rtt = num(flag, value()?)?,
             "--collect-ms" => timing.collect = Duration::from_millis(num(flag, value()?)?),
             "--fallback-ms" => timing.fallback = Duration::from_millis(num(flag, value()?)?),
+            "--silent-ms" => timing.silent = Duration::from_millis(num(flag, value()?)?),
+            "--request-ms" => timing.request = Duration::from_millis(num(flag, value()?)?),
             "--min-peers" => min_peers = num(flag, value()?)?,
             "--backfill-from" => backfill_from = Some(num(flag, value()?)?),
             "--backend" => backend = value()?.parse().map_err(|e| format!("--backend: {e}"))?,
@@ -172,6 +178,18 @@ fn line(s: String) {
     let _ = out.flush();
 }
 
+/// This process's peak resident memory in KiB (`VmHWM`), -1 where the
+/// platform does not say (only Linux's /proc is read).
+fn peak_rss_kib() -> i64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+            line.split_whitespace().nth(1)?.parse().ok()
+        })
+        .unwrap_or(-1)
+}
+
 /// One JSON line per event; link samples are not printed.
 fn event_json(e: &NodeEvent) -> Option<String> {
     Some(match e {
@@ -204,6 +222,11 @@ fn event_json(e: &NodeEvent) -> Option<String> {
         } => format!(
             r#"{{"event":"forged_entry","step":{step},"leader":{leader},"member":{member}}}"#
         ),
+        NodeEvent::Omitted {
+            step,
+            leader,
+            member,
+        } => format!(r#"{{"event":"omitted","step":{step},"leader":{leader},"member":{member}}}"#),
         NodeEvent::WrongStateHash { step, leader } => {
             format!(r#"{{"event":"wrong_state_hash","step":{step},"leader":{leader}}}"#)
         }
@@ -227,6 +250,20 @@ fn event_json(e: &NodeEvent) -> Option<String> {
         } => format!(
             r#"{{"event":"slashed","member":{member},"step":{step},"witnesses":{witnesses:?}}}"#
         ),
+        NodeEvent::Accused {
+            member,
+            step,
+            ground,
+            ..
+        } => {
+            let ground = match ground {
+                Ground::Screened => "screened",
+                Ground::Drawn { .. } => "drawn",
+                Ground::Equivocation => "equivocation",
+                Ground::ForgedEntry => "forged_entry",
+            };
+            format!(r#"{{"event":"accused","member":{member},"step":{step},"ground":"{ground}"}}"#)
+        }
         NodeEvent::Links(_) => return None,
     })
 }
@@ -283,12 +320,15 @@ pub fn main(args: &[String]) -> i32 {
                 .map(|d| format!(r#""{}":{}"#, d.name(), stats.dropped(*d)))
                 .collect();
             line(format!(
-                r#"{{"event":"done","applied":{},"hash":"{}","accepted":{},"equivocations":{},"late":{},"rewinds":{},"bytes_in":{},"bytes_out":{},"audits":{},"audits_failed":{},"audit_secs":{:.4},"compute_secs":{:.4},"slashed":{:?},"dropped":{{{}}}}}"#,
+                r#"{{"event":"done","applied":{},"hash":"{}","accepted":{},"equivocations":{},"late":{},"timed_out":{},"lowest_peer_score":{:.1},"peak_rss_kib":{},"rewinds":{},"bytes_in":{},"bytes_out":{},"audits":{},"audits_failed":{},"audit_secs":{:.4},"compute_secs":{:.4},"slashed":{:?},"dropped":{{{}}}}}"#,
                 stats.applied,
                 hex(&stats.model_hash),
                 stats.accepted,
                 stats.equivocations,
                 stats.late,
+                stats.timed_out,
+                stats.lowest_peer_score,
+                peak_rss_kib(),
                 stats.rewinds,
                 stats.bytes_in,
                 stats.bytes_out,

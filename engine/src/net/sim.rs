@@ -189,7 +189,7 @@ pub fn simulate(cfg: &SimConfig, free_network: bool) -> SimResult {
                     .machine
                     .on_announce(d, &announce(step, from));
             }
-            Ev::Payload { hash, .. } => nodes[node as usize].machine.on_payload(hash),
+            Ev::Payload { hash, .. } => nodes[node as usize].machine.on_payload(d, hash),
             Ev::Manifest { idx, .. } => {
                 nodes[node as usize]
                     .machine

@@ -43,6 +43,18 @@ pub struct Timing {
     pub alive: Duration,
     /// A live leader that stays silent this long is replaced anyway.
     pub silent: Duration,
+    /// A request is given up after `request` plus its expected bytes at
+    /// `floor_rate` bytes per second ([`Timing::deadline`]): a peer that
+    /// trickles its answer costs that much, then the next holder is asked.
+    pub request: Duration,
+    pub floor_rate: u64,
+}
+
+impl Timing {
+    /// How long to wait for an answer of about `bytes` bytes.
+    pub fn deadline(&self, bytes: u64) -> Duration {
+        self.request + Duration::from_secs_f64(bytes as f64 / self.floor_rate.max(1) as f64)
+    }
 }
 
 impl Default for Timing {
@@ -52,7 +64,9 @@ impl Default for Timing {
             fallback: Duration::from_secs(2),
             retry: Duration::from_millis(500),
             alive: Duration::from_secs(2),
-            silent: Duration::from_secs(30),
+            silent: Duration::from_secs(10),
+            request: Duration::from_secs(5),
+            floor_rate: 256 * 1024,
         }
     }
 }
@@ -107,10 +121,33 @@ pub struct Equivocation {
     pub second: Manifest,
 }
 
+/// A contribution a leader's manifest left out although this node had held
+/// it for `collect / 2` before the manifest came, or that an early manifest
+/// (within `collect / 2` of the step opening here) left out although its
+/// member was expected and had announced it: a sign of censorship, not
+/// proof (the leader may have heard of it later than this node did).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Omission {
+    pub step: u32,
+    pub leader: u32,
+    pub member: u32,
+}
+
+impl Equivocation {
+    /// Two manifests on the same history: no rewind explains them, so they
+    /// are proof against their leader. (After a rewind an honest leader's
+    /// next manifests have another parent.)
+    pub fn proves_fraud(&self) -> bool {
+        self.first.parent == self.second.parent && self.first != self.second
+    }
+}
+
 #[derive(Debug, Default)]
 struct StepState {
     opened: Option<Duration>,
     announced: BTreeMap<u32, [u8; 32]>,
+    /// Members that announced two contributions for this step.
+    equivocated: BTreeSet<u32>,
     manifest: Option<Manifest>,
     /// Entries of `manifest` whose payload is not held yet.
     missing: BTreeSet<[u8; 32]>,
@@ -143,7 +180,8 @@ pub struct StepMachine {
     me: u32,
     timing: Timing,
     steps: BTreeMap<u32, StepState>,
-    held: BTreeSet<[u8; 32]>,
+    /// Payloads held, and since when (what the censorship check reads).
+    held: BTreeMap<[u8; 32], Duration>,
     pending: BTreeMap<[u8; 32], Pending>,
     failed: BTreeSet<[u8; 32]>,
     /// None while a joiner has not caught up yet.
@@ -156,6 +194,8 @@ pub struct StepMachine {
     /// When each member was last heard from (any valid message).
     last_seen: BTreeMap<u32, Duration>,
     pub evidence: Vec<Equivocation>,
+    /// Omissions seen, oldest first, until the node takes them (bounded).
+    pub omissions: Vec<Omission>,
     pruned_to: Option<u32>,
     /// The first step this node applied from, and its history id before
     /// it: zeros at the epoch's start, the manifest's parent after a sync.
@@ -188,7 +228,7 @@ impl StepMachine {
             me,
             timing,
             steps: BTreeMap::new(),
-            held: BTreeSet::new(),
+            held: BTreeMap::new(),
             pending: BTreeMap::new(),
             failed: BTreeSet::new(),
             next_apply: start,
@@ -197,6 +237,7 @@ impl StepMachine {
             manifest_asked: BTreeMap::new(),
             last_seen: BTreeMap::new(),
             evidence: Vec::new(),
+            omissions: Vec::new(),
             pruned_to: None,
             base: (start.unwrap_or(0), [0; 32]),
             slashed: BTreeSet::new(),
@@ -266,7 +307,7 @@ impl StepMachine {
     }
 
     fn want(&mut self, hash: [u8; 32], step: u32, member: u32) {
-        if self.held.contains(&hash) || self.pending.contains_key(&hash) {
+        if self.held.contains_key(&hash) || self.pending.contains_key(&hash) {
             return;
         }
         self.pending.insert(
@@ -302,8 +343,10 @@ impl StepMachine {
     }
 
     /// A contribution announcement (signature and membership checked).
+    /// Only a fresh announcement shows its member alive: a replayed or
+    /// stale one, re-gossiped by anyone, must not keep a dead leader looking
+    /// alive (that would hold its fall-back back).
     pub fn on_announce(&mut self, now: Duration, a: &Announce) -> Verdict {
-        self.on_alive(now, a.member);
         if self.next_apply.is_some_and(|s| a.step < s) || self.slashed.contains(&a.member) {
             return Verdict::Stale;
         }
@@ -314,11 +357,15 @@ impl StepMachine {
         st.opened.get_or_insert(now);
         match st.announced.get(&a.member) {
             Some(h) if *h == a.payload_hash => return Verdict::Duplicate,
-            Some(_) => return Verdict::Equivocation,
+            Some(_) => {
+                st.equivocated.insert(a.member);
+                return Verdict::Equivocation;
+            }
             None => {}
         }
         st.announced.insert(a.member, a.payload_hash);
         st.last_produced_us = st.last_produced_us.max(a.produced_us);
+        self.on_alive(now, a.member);
         if self
             .ready
             .get(&a.member)
@@ -330,17 +377,28 @@ impl StepMachine {
         Verdict::Accepted
     }
 
+    /// Whether listing `listed` under `member` at `step` is the leader's
+    /// forgery: this node holds `member`'s signed announcement of another
+    /// hash, and `member` announced nothing else. (Bytes a member announced
+    /// itself are its own doing, whatever they hold.)
+    pub fn leader_forged(&self, step: u32, member: u32, listed: &[u8; 32]) -> bool {
+        self.steps.get(&step).is_some_and(|st| {
+            !st.equivocated.contains(&member)
+                && st.announced.get(&member).is_some_and(|h| h != listed)
+        })
+    }
+
     /// This node's own contribution, held locally.
     pub fn on_local(&mut self, now: Duration, a: &Announce) {
-        self.held.insert(a.payload_hash);
+        self.held.entry(a.payload_hash).or_insert(now);
         self.on_announce(now, a);
     }
 
     /// A payload arrived and matched its hash.
-    pub fn on_payload(&mut self, hash: [u8; 32]) {
+    pub fn on_payload(&mut self, now: Duration, hash: [u8; 32]) {
         self.pending.remove(&hash);
         self.failed.remove(&hash);
-        self.held.insert(hash);
+        self.held.entry(hash).or_insert(now);
         for st in self.steps.values_mut() {
             st.missing.remove(&hash);
         }
@@ -459,17 +517,30 @@ impl StepMachine {
             return Verdict::Stale;
         }
         let seen = st.by_leader.entry((m.leader, m.attempt)).or_default();
-        if seen.contains(&m) {
+        // A few manifests per attempt are kept (one is the rule, two the
+        // proof); more from an equivocating leader are only a flood.
+        if seen.contains(&m) || seen.len() >= 4 {
             return Verdict::Duplicate;
         }
         let first = seen.first().cloned();
         let equivocation = first.is_some();
+        // Kept bounded: a few pairs per (leader, step, attempt), none once
+        // one proves fraud.
         if let Some(first) = first {
-            self.evidence.push(Equivocation {
-                first,
-                second: m.clone(),
-            });
+            let key = (m.leader, m.step, m.attempt);
+            let same: Vec<&Equivocation> = self
+                .evidence
+                .iter()
+                .filter(|e| (e.first.leader, e.first.step, e.first.attempt) == key)
+                .collect();
+            if same.len() < 4 && !same.iter().any(|e| e.proves_fraud()) {
+                self.evidence.push(Equivocation {
+                    first,
+                    second: m.clone(),
+                });
+            }
         }
+        self.note_omissions(now, &m);
         let st = self.step_mut(m.step);
         st.by_leader
             .entry((m.leader, m.attempt))
@@ -496,6 +567,44 @@ impl StepMachine {
         }
     }
 
+    /// Records what `m` leaves out that this node had held for a while.
+    fn note_omissions(&mut self, now: Duration, m: &Manifest) {
+        let Some(st) = self.steps.get(&m.step) else {
+            return;
+        };
+        let grace = self.timing.collect / 2;
+        // A leader publishes early only once it holds every expected
+        // member's payload, so an early manifest lists them all.
+        let early = st.opened.is_some_and(|o| now < o + grace);
+        let expected = if early {
+            self.expected(m.step)
+        } else {
+            BTreeSet::new()
+        };
+        let left_out: Vec<u32> = st
+            .announced
+            .iter()
+            .filter(|(member, hash)| {
+                **member != m.leader
+                    && !self.slashed.contains(*member)
+                    && !m.entries.iter().any(|(w, _)| w == *member)
+                    && (expected.contains(*member)
+                        || self.held.get(*hash).is_some_and(|t| *t + grace <= now))
+            })
+            .map(|(member, _)| *member)
+            .collect();
+        for member in left_out {
+            if self.omissions.len() >= 1024 {
+                self.omissions.remove(0);
+            }
+            self.omissions.push(Omission {
+                step: m.step,
+                leader: m.leader,
+                member,
+            });
+        }
+    }
+
     /// Makes `m` the step's manifest and fetches what it lists.
     fn install(&mut self, m: Manifest) {
         let (step, entries) = (m.step, m.entries.clone());
@@ -507,7 +616,7 @@ impl StepMachine {
         let missing = entries
             .iter()
             .map(|e| e.1)
-            .filter(|h| !self.held.contains(h))
+            .filter(|h| !self.held.contains_key(h))
             .collect();
         self.step_mut(step).missing = missing;
         for (member, hash) in entries {
@@ -549,9 +658,11 @@ impl StepMachine {
         if st.announced.len() < self.expected_floor(step) {
             return false;
         }
-        self.expected(step)
-            .iter()
-            .all(|m| st.announced.get(m).is_some_and(|h| self.held.contains(h)))
+        self.expected(step).iter().all(|m| {
+            st.announced
+                .get(m)
+                .is_some_and(|h| self.held.contains_key(h))
+        })
     }
 
     /// A lower bound on `expected(step).len()`, without building the set.
@@ -692,7 +803,7 @@ impl StepMachine {
             let held: Vec<(u32, [u8; 32])> = st
                 .announced
                 .iter()
-                .filter(|(m, h)| self.held.contains(*h) && !self.slashed.contains(*m))
+                .filter(|(m, h)| self.held.contains_key(*h) && !self.slashed.contains(*m))
                 .map(|(m, h)| (*m, *h))
                 .collect();
             let Some(parent) = self.chain_before(step) else {
@@ -820,7 +931,7 @@ impl StepMachine {
 
     /// Whether `hash` is a payload of a step still kept.
     pub fn holds(&self, hash: &[u8; 32]) -> bool {
-        self.held.contains(hash)
+        self.held.contains_key(hash)
     }
 }
 
@@ -864,7 +975,7 @@ mod tests {
                         m.on_local(now, &a);
                     } else {
                         m.on_announce(now, &a);
-                        m.on_payload(a.payload_hash);
+                        m.on_payload(now, a.payload_hash);
                     }
                 }
             }
@@ -1052,6 +1163,169 @@ mod tests {
         }
     }
 
+    #[test]
+    fn a_manifest_leaving_out_a_payload_held_for_a_while_is_noted_as_an_omission() {
+        let mut ms = machines(3);
+        let leader = ms[0].leader(0, 0);
+        let me = (0..3).find(|i| *i != leader).unwrap();
+        let other = (0..3).find(|i| *i != leader && *i != me).unwrap();
+        let m = &mut ms[me as usize];
+        let (mine, theirs) = (announce(0, me), announce(0, other));
+        m.on_local(MS, &mine);
+        m.on_announce(MS, &theirs);
+        m.on_payload(MS, theirs.payload_hash);
+        let grace = Timing::default().collect / 2;
+        let manifest = |entries: Vec<(u32, [u8; 32])>, attempt: u8| Manifest {
+            job: [1; 32],
+            epoch: 0,
+            step: 0,
+            attempt,
+            leader,
+            state_hash: [0; 32],
+            parent: [0; 32],
+            entries,
+        };
+        // Late in the step and soon after this node got it: the leader may
+        // not have had it yet.
+        let late = MS + grace * 3;
+        m.held.insert(theirs.payload_hash, late - grace / 2);
+        m.on_manifest(late, manifest(vec![(me, mine.payload_hash)], 0));
+        assert!(m.omissions.is_empty(), "{:?}", m.omissions);
+        // Held for longer than the grace, and left out again (an
+        // equivocating second manifest): noted, naming leader and member.
+        m.held.insert(theirs.payload_hash, MS);
+        m.on_manifest(late, manifest(vec![(leader, [7; 32])], 0));
+        assert_eq!(
+            m.omissions,
+            [me.min(other), me.max(other)]
+                .into_iter()
+                .map(|member| Omission {
+                    step: 0,
+                    leader,
+                    member
+                })
+                .collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn an_early_manifest_leaving_out_an_expected_member_is_noted_at_once() {
+        let mut ms = machines(3);
+        let leader = ms[0].leader(1, 0);
+        let me = (0..3).find(|i| *i != leader).unwrap();
+        let other = (0..3).find(|i| *i != leader && *i != me).unwrap();
+        let m = &mut ms[me as usize];
+        // Everyone contributed to step 0, so everyone is expected at 1.
+        for i in 0..3 {
+            m.on_announce(MS, &announce(0, i));
+        }
+        let theirs = announce(1, other);
+        m.on_announce(MS, &theirs);
+        let early = Manifest {
+            job: [1; 32],
+            epoch: 0,
+            step: 1,
+            attempt: 0,
+            leader,
+            state_hash: [0; 32],
+            parent: [0; 32],
+            entries: vec![(leader, [5; 32])],
+        };
+        m.on_manifest(MS + Duration::from_millis(100), early);
+        assert_eq!(
+            m.omissions,
+            vec![Omission {
+                step: 1,
+                leader,
+                member: other
+            }]
+        );
+    }
+
+    #[test]
+    fn request_deadlines_grow_with_the_bytes_expected() {
+        let t = Timing::default();
+        assert_eq!(t.deadline(0), Duration::from_secs(5));
+        assert_eq!(t.deadline(256 * 1024), Duration::from_secs(6));
+        // A 1 GiB snapshot is fetched in chunks, each with its own deadline.
+        assert_eq!(t.deadline(4 << 20), Duration::from_secs(21));
+    }
+
+    #[test]
+    fn a_replayed_or_stale_announcement_does_not_keep_a_dead_member_alive() {
+        let mut ms = machines(3);
+        let m = &mut ms[0];
+        let alive = Timing::default().alive;
+        let a = announce(0, 1);
+        assert_eq!(m.on_announce(MS, &a), Verdict::Accepted);
+        assert!(m.heard_within(MS, 1, alive));
+        let later = MS + alive * 2;
+        assert_eq!(m.on_announce(later, &a), Verdict::Duplicate);
+        assert!(
+            !m.heard_within(later, 1, alive),
+            "a replay counted as a sign of life"
+        );
+        // A fresh one does.
+        assert_eq!(m.on_announce(later, &announce(1, 1)), Verdict::Accepted);
+        assert!(m.heard_within(later, 1, alive));
+    }
+
+    #[test]
+    fn two_manifests_on_one_history_prove_fraud_but_a_rewound_leader_s_do_not() {
+        let m = Manifest {
+            job: [1; 32],
+            epoch: 0,
+            step: 5,
+            attempt: 0,
+            leader: 1,
+            state_hash: [0; 32],
+            parent: [0; 32],
+            entries: vec![(0, [1; 32])],
+        };
+        let mut other = m.clone();
+        other.entries.push((2, [2; 32]));
+        assert!(
+            Equivocation {
+                first: m.clone(),
+                second: other.clone()
+            }
+            .proves_fraud()
+        );
+        // After a rewind the leader's state and parent are new.
+        other.parent = [9; 32];
+        other.state_hash = [8; 32];
+        assert!(
+            !Equivocation {
+                first: m.clone(),
+                second: other
+            }
+            .proves_fraud()
+        );
+        assert!(
+            !Equivocation {
+                first: m.clone(),
+                second: m
+            }
+            .proves_fraud()
+        );
+    }
+
+    #[test]
+    fn a_leader_forged_an_entry_only_when_the_member_announced_another_hash_and_nothing_else() {
+        let mut ms = machines(3);
+        let m = &mut ms[0];
+        let a = announce(2, 1);
+        assert_eq!(m.on_announce(MS, &a), Verdict::Accepted);
+        assert!(m.leader_forged(2, 1, &[0xab; 32]));
+        assert!(!m.leader_forged(2, 1, &a.payload_hash), "its own bytes");
+        assert!(!m.leader_forged(2, 2, &[0xab; 32]), "never heard from");
+        // A member that announced two hashes may have sent either anywhere.
+        let mut twice = a.clone();
+        twice.payload_hash = [0xcd; 32];
+        assert_eq!(m.on_announce(MS, &twice), Verdict::Equivocation);
+        assert!(!m.leader_forged(2, 1, &[0xab; 32]));
+    }
+
     fn applied(acts: &[Action]) -> Vec<(Manifest, bool)> {
         acts.iter()
             .filter_map(|a| match a {
@@ -1085,7 +1359,7 @@ mod tests {
                         m.on_local(now, &a);
                     } else {
                         m.on_announce(now, &a);
-                        m.on_payload(a.payload_hash);
+                        m.on_payload(now, a.payload_hash);
                     }
                 }
             }
@@ -1285,7 +1559,7 @@ mod tests {
             acts.iter()
                 .any(|x| matches!(x, Action::Fetch { from, .. } if *from != 2))
         );
-        m.on_payload(a.payload_hash);
+        m.on_payload(MS, a.payload_hash);
         assert!(m.holds(&a.payload_hash));
     }
 }

@@ -125,6 +125,35 @@ impl request_response::Codec for BlobCodec {
     }
 }
 
+/// Gossipsub peer scoring for a job's topic. Only invalid messages count
+/// (P4: what a node rejects, which every honest node would reject too; see
+/// `msg::Drop::blames_forwarder`): three in quick succession graylist the
+/// sender, and the count decays by a tenth a second. Delivery-rate and
+/// mesh penalties are off (a member that computes slowly sends little), and
+/// so is the shared-address penalty (home connections behind one NAT, and
+/// every test on 127.0.0.1, share an address).
+pub fn scoring(
+    topic: &gossipsub::IdentTopic,
+) -> (gossipsub::PeerScoreParams, gossipsub::PeerScoreThresholds) {
+    let topic_params = gossipsub::TopicScoreParams {
+        topic_weight: 1.0,
+        time_in_mesh_weight: 0.0,
+        first_message_deliveries_weight: 0.0,
+        mesh_message_deliveries_weight: 0.0,
+        mesh_failure_penalty_weight: 0.0,
+        invalid_message_deliveries_weight: -10.0,
+        invalid_message_deliveries_decay: 0.9,
+        ..Default::default()
+    };
+    let mut params = gossipsub::PeerScoreParams {
+        ip_colocation_factor_weight: 0.0,
+        slow_peer_weight: 0.0,
+        ..Default::default()
+    };
+    params.topics.insert(topic.hash(), topic_params);
+    (params, gossipsub::PeerScoreThresholds::default())
+}
+
 /// The peer id of a member's node key.
 pub fn peer_id(member: &[u8; 32]) -> Option<PeerId> {
     let pk = ed25519::PublicKey::try_from_bytes(member).ok()?;
@@ -219,4 +248,21 @@ pub fn build(
         .with_swarm_config(|c| c.with_idle_connection_timeout(Duration::from_secs(120)))
         .build();
     Ok(swarm)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scoring_is_valid_and_three_invalid_messages_graylist_a_peer() {
+        let topic = gossipsub::IdentTopic::new("cohort/test");
+        let (params, thresholds) = scoring(&topic);
+        assert!(params.validate().is_ok());
+        assert!(thresholds.validate().is_ok());
+        let p4 = params.topics[&topic.hash()].invalid_message_deliveries_weight;
+        // P4 is the square of the count of invalid messages.
+        assert!(p4 * 2.0 * 2.0 > thresholds.graylist_threshold);
+        assert!(p4 * 3.0 * 3.0 < thresholds.graylist_threshold);
+    }
 }

@@ -1,0 +1,562 @@
+//! The training thread: computes step t+1 while step t is exchanged, applies
+//! manifests the network task hands it, and runs this witness's audits.
+
+use super::events::{AuditReport, NodeConfig, NodeEvent, StepTimes};
+use super::guard::{Guard, Revealed, Target};
+use super::msg::{self, Announce, Manifest};
+use crate::adversary::{self, Attack, Mode};
+use crate::audit;
+use crate::compress::Payload;
+use crate::error::EngineError;
+use crate::trainer::{StepStats, Trainer};
+use crate::wire::Contribution;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc as std_mpsc;
+use std::time::{SystemTime, UNIX_EPOCH};
+use tokio::sync::mpsc;
+
+pub(crate) enum ToTrainer {
+    Start,
+    /// Load this shared state: a verified download, or this node's own
+    /// earlier state when it rewinds. `generation` counts rewinds, so the
+    /// network side can drop what the trainer sent before this one.
+    Snapshot {
+        bytes: Vec<u8>,
+        generation: u64,
+    },
+    Apply {
+        manifest: Manifest,
+        payloads: Vec<Vec<u8>>,
+        last_produced_us: u64,
+        same_history: bool,
+    },
+    /// What a member revealed of the momentum it committed to at `step`.
+    Audit {
+        step: u32,
+        member: u32,
+        outcome: Revealed,
+    },
+    /// A member was slashed: it no longer audits anyone.
+    Slashed(u32),
+    /// Auditor `by`'s coin drew `member`'s step-`step` contribution and its
+    /// audit failed: audit it too, if this node is one of its auditors.
+    Confirm {
+        step: u32,
+        member: u32,
+        by: u32,
+        coin: [u8; 64],
+    },
+}
+
+pub(crate) enum FromTrainer {
+    /// Local state loaded; `step` applied so far; `resumed` from checkpoint.
+    Ready {
+        step: u32,
+        resumed: bool,
+    },
+    Contribution {
+        announce: Announce,
+        bytes: Vec<u8>,
+        /// The momentum it committed to, encoded: revealed when audited.
+        momentum: Arc<Vec<u8>>,
+        compute_secs: f64,
+    },
+    /// Contributions of `step` this witness audits: fetch their momenta
+    /// (and, for a chain check, the one committed at the step before).
+    AuditTargets {
+        step: u32,
+        targets: Vec<Target>,
+    },
+    /// An audit drawn at `step` of `member` is decided: its report, or
+    /// None when there was nothing to decide (the member was unreachable,
+    /// or a randomly drawn member declined).
+    AuditDone {
+        step: u32,
+        member: u32,
+        report: Option<AuditReport>,
+    },
+    Applied {
+        step: u32,
+        state_hash: [u8; 32],
+        snapshot: Arc<Vec<u8>>,
+        event: NodeEvent,
+        generation: u64,
+    },
+    /// A manifest listed bytes under `member`'s name that it did not sign;
+    /// `hash` is what it listed.
+    ForgedEntry {
+        step: u32,
+        leader: u32,
+        hash: [u8; 32],
+        member: u32,
+    },
+    /// The state-hash check of an applied manifest of the same history.
+    StateCheck {
+        step: u32,
+        leader: u32,
+        matches: bool,
+    },
+    Synced {
+        step: u32,
+        resumed: bool,
+    },
+    Done {
+        model_hash: [u8; 32],
+        generation: u64,
+    },
+    Failed(String),
+}
+
+pub(crate) fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+/// The shared state as hashed in manifests and sent to joiners: the
+/// trainer's snapshot, then the payload hashes of the last steps (what the
+/// screen compares new payloads with), so a node that syncs screens each
+/// later step exactly as the others do.
+fn encode_state(mut trainer_snapshot: Vec<u8>, recent: &BTreeMap<u32, Vec<[u8; 32]>>) -> Vec<u8> {
+    let start = trainer_snapshot.len();
+    for (step, hashes) in recent {
+        trainer_snapshot.extend_from_slice(&step.to_le_bytes());
+        trainer_snapshot.extend_from_slice(&(hashes.len() as u32).to_le_bytes());
+        for h in hashes {
+            trainer_snapshot.extend_from_slice(h);
+        }
+    }
+    let trailer = (trainer_snapshot.len() - start) as u32;
+    trainer_snapshot.extend_from_slice(&trailer.to_le_bytes());
+    trainer_snapshot
+}
+
+pub(crate) type Recent = BTreeMap<u32, Vec<[u8; 32]>>;
+
+pub(crate) fn decode_state(buf: &[u8]) -> Result<(&[u8], Recent), String> {
+    let bad = || "malformed shared state".to_string();
+    let n = buf.len().checked_sub(4).ok_or_else(bad)?;
+    let trailer = u32::from_le_bytes(buf[n..].try_into().map_err(|_| bad())?) as usize;
+    let start = n.checked_sub(trailer).ok_or_else(bad)?;
+    let mut r = cohort_program::codec::Reader::new(&buf[start..n]);
+    let mut recent = BTreeMap::new();
+    while r.remaining() > 0 {
+        let step = r.u32().map_err(|_| bad())?;
+        let count = r.u32().map_err(|_| bad())? as usize;
+        if count > r.remaining() / 32 {
+            return Err(bad());
+        }
+        let hashes = (0..count)
+            .map(|_| r.array::<32>())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|_| bad())?;
+        recent.insert(step, hashes);
+    }
+    Ok((&buf[..start], recent))
+}
+
+/// A member's work for one step: its contribution, its stats, and the
+/// momentum it reveals when that is not its real one (a forger's).
+type Computed = (Contribution, StepStats, Option<Vec<Vec<f32>>>);
+
+/// What an adversarial member remembers between steps.
+#[derive(Default)]
+struct Attacker {
+    first: Option<Payload>,
+    /// The other members' payloads of the last applied step.
+    seen: Vec<Payload>,
+}
+
+impl Attacker {
+    fn contribute(
+        &mut self,
+        trainer: &mut Trainer,
+        cfg: &NodeConfig,
+        mode: Mode,
+        step: u32,
+    ) -> Result<Computed, EngineError> {
+        // The forger commits to (and reveals) a momentum made up so its
+        // flipped payload recomputes exactly.
+        let forged = if mode == Mode::ForgedMomentum {
+            let (_, g) = trainer.member_gradients(&cfg.seed, cfg.epoch, step, trainer.id.index)?;
+            Some(adversary::forged_momentum(
+                trainer.momentum(),
+                &g,
+                trainer.decay(),
+            ))
+        } else {
+            None
+        };
+        let momentum_hash = audit::momentum_hash(forged.as_deref().unwrap_or(trainer.momentum()));
+        let own = if mode.computes(self.first.is_none()) {
+            Some(trainer.compute_scaled(&cfg.seed, cfg.epoch, step, mode.grad_scale())?)
+        } else {
+            None
+        };
+        let seen: Vec<&Payload> = self.seen.iter().collect();
+        let seed =
+            *blake3::hash(&[&cfg.seed[..], &step.to_le_bytes(), &cfg.me.to_le_bytes()].concat())
+                .as_bytes();
+        let payload = adversary::forge(
+            mode,
+            &Attack {
+                layout: trainer.layout(),
+                honest: &seen,
+                own: own.as_ref().map(|o| &o.0.payload),
+                first: self.first.as_ref(),
+                seed,
+            },
+        );
+        self.first.get_or_insert_with(|| payload.clone());
+        let stats = own.as_ref().map_or(
+            StepStats {
+                loss: 0.0,
+                compute_secs: 0.0,
+            },
+            |o| o.1,
+        );
+        Ok((
+            Contribution {
+                job: cfg.job,
+                epoch: cfg.epoch,
+                step,
+                member: trainer.id.member,
+                train_loss: stats.loss,
+                momentum_hash,
+                payload,
+            },
+            stats,
+            forged,
+        ))
+    }
+}
+
+/// The training side: compute step t+1 while step t is exchanged.
+pub(crate) fn train_loop(
+    cfg: NodeConfig,
+    mut trainer: Trainer,
+    rx: std_mpsc::Receiver<ToTrainer>,
+    tx: mpsc::UnboundedSender<FromTrainer>,
+) -> Result<(), String> {
+    let signer = msg::keypair(&cfg.secret);
+    let layout = trainer.layout().clone();
+    let send = |m: FromTrainer| tx.send(m).map_err(|_| "network task gone".to_string());
+    let mut guard = Guard::new(&cfg);
+    let mut attacker = Attacker::default();
+    let mut resumed = false;
+    if let Some(path) = &cfg.checkpoint
+        && path.exists()
+    {
+        trainer.restore(path).map_err(|e| e.to_string())?;
+        resumed = cfg.epoch_start != Some(trainer.step());
+    }
+    send(FromTrainer::Ready {
+        step: trainer.step(),
+        resumed,
+    })?;
+    let syncing = cfg.join || resumed;
+    let mut generation = 0;
+    // Loads a shared state (trainer snapshot and the screen's memory).
+    let load_state = |trainer: &mut Trainer, guard: &mut Guard, bytes: &[u8]| {
+        let (snapshot, recent) = decode_state(bytes)?;
+        trainer.load_snapshot(snapshot).map_err(|e| e.to_string())?;
+        guard.recent = recent;
+        guard.remember(trainer);
+        Ok::<(), String>(())
+    };
+    loop {
+        match rx.recv().map_err(|_| "network task gone".to_string())? {
+            ToTrainer::Start => break,
+            ToTrainer::Snapshot {
+                bytes,
+                generation: g,
+            } if syncing => {
+                load_state(&mut trainer, &mut guard, &bytes)?;
+                generation = g;
+                send(FromTrainer::Synced {
+                    step: trainer.step(),
+                    resumed,
+                })?;
+                break;
+            }
+            _ => {}
+        }
+    }
+    guard.remember(&trainer);
+    let publish_state = |t: &Trainer, guard: &Guard| {
+        let snapshot = Arc::new(encode_state(t.snapshot(), &guard.recent));
+        let state_hash = *blake3::hash(&snapshot).as_bytes();
+        (state_hash, snapshot)
+    };
+    // The state hash of the current weights, kept so each step encodes and
+    // hashes the full state once (it is checked against the next manifest).
+    let (mut current_hash, snap) = publish_state(&trainer, &guard);
+    send(FromTrainer::Applied {
+        step: trainer.step(),
+        state_hash: current_hash,
+        snapshot: snap,
+        event: NodeEvent::Synced {
+            step: trainer.step(),
+            resumed,
+        },
+        generation,
+    })?;
+    // A fresh start computes steps 0 and 1 before applying 0; a node that
+    // synced at step s computes s+1 (its step-s contribution would be late).
+    let mut next_compute = if cfg.join || resumed {
+        trainer.step() + 1
+    } else {
+        trainer.step()
+    };
+    let mut compute_secs = 0.0;
+    let mut loss = 0.0;
+    // Loads a state sent by the network side (a rewind, or a download after
+    // a rewind too deep for this node's kept states). Contributions already
+    // announced are never computed again: a second, different one for the
+    // same step would be equivocation.
+    let load = |trainer: &mut Trainer,
+                guard: &mut Guard,
+                bytes: &[u8],
+                generation: u64,
+                next_compute: &mut u32|
+     -> Result<[u8; 32], String> {
+        load_state(trainer, guard, bytes)?;
+        *next_compute = (*next_compute).max(trainer.step() + 1);
+        let (hash, snapshot) = publish_state(trainer, guard);
+        send(FromTrainer::Applied {
+            step: trainer.step(),
+            state_hash: hash,
+            snapshot,
+            event: NodeEvent::Rewound {
+                step: trainer.step(),
+            },
+            generation,
+        })?;
+        Ok(hash)
+    };
+    let audit =
+        |trainer: &mut Trainer, guard: &mut Guard, step: u32, member: u32, outcome: Revealed| {
+            for (step, member, report) in guard.revealed(trainer, &cfg, step, member, outcome)? {
+                send(FromTrainer::AuditDone {
+                    step,
+                    member,
+                    report,
+                })?;
+            }
+            Ok::<(), String>(())
+        };
+    // Another auditor's drawn audit failed: this one runs it too.
+    let confirm = |guard: &mut Guard, step: u32, member: u32, by: u32, coin: [u8; 64]| {
+        if let Some(t) = guard.confirm(step, member, by, coin) {
+            send(FromTrainer::AuditTargets {
+                step,
+                targets: vec![t],
+            })?;
+        }
+        Ok::<(), String>(())
+    };
+    loop {
+        while trainer.step() < cfg.steps {
+            if next_compute < cfg.steps
+                && next_compute <= trainer.step() + 1
+                && cfg.pause.load(Ordering::Relaxed)
+            {
+                // Skipped, not postponed: a contribution for a step already
+                // being exchanged would only arrive late.
+                next_compute += 1;
+                continue;
+            }
+            if next_compute < cfg.steps && next_compute <= trainer.step() + 1 {
+                let before = audit::encode_momentum(trainer.momentum());
+                let (c, stats, forged) = match cfg.defence.adversary {
+                    None => trainer
+                        .compute_step(&cfg.seed, cfg.epoch, next_compute)
+                        .map(|(c, s)| (c, s, None)),
+                    Some(mode) => attacker.contribute(&mut trainer, &cfg, mode, next_compute),
+                }
+                .map_err(|e| e.to_string())?;
+                let momentum = Arc::new(forged.map_or(before, |m| audit::encode_momentum(&m)));
+                compute_secs = stats.compute_secs;
+                loss = stats.loss;
+                let bytes = c.encode_signed(&layout, &signer);
+                let announce = Announce {
+                    job: cfg.job,
+                    epoch: cfg.epoch,
+                    step: next_compute,
+                    member: cfg.me,
+                    payload_hash: *blake3::hash(&bytes).as_bytes(),
+                    momentum_hash: c.momentum_hash,
+                    len: bytes.len() as u32,
+                    produced_us: now_us(),
+                };
+                send(FromTrainer::Contribution {
+                    announce,
+                    bytes,
+                    momentum,
+                    compute_secs,
+                })?;
+                next_compute += 1;
+                if next_compute <= trainer.step() + 1 && next_compute < cfg.steps {
+                    continue;
+                }
+            }
+            let blocked_from = now_us();
+            let next = loop {
+                match rx.recv().map_err(|_| "network task gone".to_string())? {
+                    ToTrainer::Apply {
+                        manifest,
+                        payloads,
+                        last_produced_us,
+                        same_history,
+                    } if manifest.step == trainer.step() => {
+                        break Some((manifest, payloads, last_produced_us, same_history));
+                    }
+                    ToTrainer::Snapshot {
+                        bytes,
+                        generation: g,
+                    } => {
+                        current_hash =
+                            load(&mut trainer, &mut guard, &bytes, g, &mut next_compute)?;
+                        generation = g;
+                        break None;
+                    }
+                    // Audits run while this node waits for the manifest.
+                    ToTrainer::Audit {
+                        step,
+                        member,
+                        outcome,
+                    } => audit(&mut trainer, &mut guard, step, member, outcome)?,
+                    ToTrainer::Slashed(m) => guard.policy.slash(m),
+                    ToTrainer::Confirm {
+                        step,
+                        member,
+                        by,
+                        coin,
+                    } => confirm(&mut guard, step, member, by, coin)?,
+                    _ => {}
+                }
+            };
+            let Some((manifest, payloads, last_produced_us, same_history)) = next else {
+                continue;
+            };
+            let unblocked = now_us();
+            // A leader with another history legitimately has other weights
+            // (one of us rewinds once the better manifest is known).
+            if same_history {
+                send(FromTrainer::StateCheck {
+                    step: manifest.step,
+                    leader: manifest.leader,
+                    matches: manifest.state_hash == current_hash,
+                })?;
+            }
+            // Payloads that do not decode (or are not the member's for this
+            // step) are skipped; every node holds the same bytes for a
+            // manifest, so every node skips the same ones.
+            let mut contributions = Vec::with_capacity(payloads.len());
+            let mut contributors = Vec::with_capacity(payloads.len());
+            for ((member, hash), bytes) in manifest.entries.iter().zip(&payloads) {
+                let Some(key) = cfg.members.get(*member as usize) else {
+                    continue;
+                };
+                match Contribution::decode_signed(bytes, &layout) {
+                    Ok(c) if c.member == *key && c.step == manifest.step && c.job == cfg.job => {
+                        contributions.push(c);
+                        contributors.push(*member);
+                    }
+                    // Bytes listed under a member's name that the member did
+                    // not sign: the leader's doing, never the member's.
+                    Err(EngineError::Signature) if *member != manifest.leader => {
+                        send(FromTrainer::ForgedEntry {
+                            step: manifest.step,
+                            leader: manifest.leader,
+                            hash: *hash,
+                            member: *member,
+                        })?;
+                    }
+                    _ => {}
+                }
+            }
+            // Flagged and copied payloads get no vote; the screen is a pure
+            // function of the manifest's payloads and the recent steps', so
+            // every node weighs them alike and stays bit-identical.
+            let verdict = guard.screen(&layout, manifest.step, &contributions);
+            let targets = guard.draw(manifest.step, &contributors, &contributions, &verdict);
+            if cfg.defence.adversary.is_some() {
+                attacker.seen = contributors
+                    .iter()
+                    .zip(&contributions)
+                    .filter(|(m, _)| **m != cfg.me)
+                    .map(|(_, c)| c.payload.clone())
+                    .collect();
+            }
+            trainer
+                .apply_weighted(&contributions, &verdict.weights)
+                .map_err(|e| e.to_string())?;
+            guard.remember(&trainer);
+            if let Some(path) = &cfg.checkpoint {
+                trainer.save(path).map_err(|e| e.to_string())?;
+            }
+            if !targets.is_empty() {
+                send(FromTrainer::AuditTargets {
+                    step: manifest.step,
+                    targets,
+                })?;
+            }
+            let blocked = (unblocked.saturating_sub(blocked_from)) as f64 / 1e6;
+            let wait = (last_produced_us.saturating_sub(blocked_from) as f64 / 1e6).min(blocked);
+            let (state_hash, snapshot) = publish_state(&trainer, &guard);
+            current_hash = state_hash;
+            send(FromTrainer::Applied {
+                step: trainer.step(),
+                state_hash,
+                snapshot,
+                event: NodeEvent::Applied {
+                    step: manifest.step,
+                    model_hash: trainer.model_hash(),
+                    contributors,
+                    times: StepTimes {
+                        compute: compute_secs,
+                        comm: blocked - wait,
+                        wait,
+                    },
+                    loss,
+                },
+                generation,
+            })?;
+        }
+        send(FromTrainer::Done {
+            model_hash: trainer.model_hash(),
+            generation,
+        })?;
+        // The node lingers for its peers; a better manifest for one of the
+        // last steps can still rewind it until the network side hangs up,
+        // and the last steps' audits finish here.
+        loop {
+            match rx.recv() {
+                Err(_) => return Ok(()),
+                Ok(ToTrainer::Snapshot {
+                    bytes,
+                    generation: g,
+                }) => {
+                    current_hash = load(&mut trainer, &mut guard, &bytes, g, &mut next_compute)?;
+                    generation = g;
+                    break;
+                }
+                Ok(ToTrainer::Audit {
+                    step,
+                    member,
+                    outcome,
+                }) => audit(&mut trainer, &mut guard, step, member, outcome)?,
+                Ok(ToTrainer::Confirm {
+                    step,
+                    member,
+                    by,
+                    coin,
+                }) => confirm(&mut guard, step, member, by, coin)?,
+                Ok(_) => {}
+            }
+        }
+    }
+}
