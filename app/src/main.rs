@@ -29,6 +29,7 @@ fn main() {
         // SAFETY: no other thread exists yet, so nothing can read the environment concurrently.
         unsafe { std::env::set_var("RUST_LOG", "error") };
     }
+    cohort_engine::logs::init();
     if let Err(e) = run(std::env::args().skip(1).collect(), started) {
         eprintln!("error: {e:#}");
         std::process::exit(1);

@@ -10,14 +10,17 @@ use common::*;
 use std::time::{Duration, Instant};
 
 /// A cheating node joins a job with three honest ones: first a free-rider
-/// (sends garbage, computes nothing), then, in a fresh job, a sign-flipper.
-/// The witnesses' audits fail it, each of them votes `report_fraud` on
-/// chain, and a quorum of votes slashes it: its stake is burned, it stops,
-/// and the honest nodes finish and are paid. One after
-/// the other: two jobs at once would crowd the two cores.
+/// (sends garbage, computes nothing), whose witnesses' audits fail it; then,
+/// in a fresh job, a lying leader (a forged entry, a second signed manifest
+/// for the same attempt, a bogus state hash), whom each witness accuses on
+/// the proof it holds. Each witness votes `report_fraud` on chain, and a
+/// quorum of votes slashes the cheat: its stake is burned, it stops, and
+/// the honest nodes finish and are paid. One after the other: two jobs at
+/// once would crowd the two cores. (The sign-flipper is convicted over the
+/// network by `engine/tests/p2p.rs` and in the arena.)
 #[test]
-fn cheats_are_audited_reported_on_chain_and_slashed() {
-    for mode in ["free-rider", "sign-flip"] {
+fn cheats_are_audited_or_caught_leading_reported_on_chain_and_slashed() {
+    for mode in ["free-rider", "lying-leader"] {
         cheat_run(mode);
     }
 }

@@ -41,9 +41,11 @@ pub enum Mode {
     /// is not the state's and lists, under another member's name, bytes
     /// that member never signed (network node only; not in [`Mode::ALL`]).
     LyingLeader,
-    /// Sends honest payloads but never answers a request for them (an
-    /// author that trickles), and as a step leader heartbeats but never
-    /// publishes (a silent leader). Network node only; not in
+    /// Sends honest payloads but answers a request for one only from the
+    /// step's leader (to everyone else, an author that trickles); as a step
+    /// leader it heartbeats but never publishes on even steps (a silent
+    /// leader), and on odd ones lists its own payload under a hash nobody
+    /// holds (an unservable manifest). Network node only; not in
     /// [`Mode::ALL`].
     Stalling,
 }

@@ -20,6 +20,7 @@ pub mod defence;
 pub mod detmath;
 pub mod error;
 pub mod ledger;
+pub mod logs;
 pub mod model;
 pub mod net;
 pub mod optim;

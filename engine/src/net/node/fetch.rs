@@ -1,0 +1,340 @@
+//! Requests and answers: payloads, manifests, snapshots and backfills,
+//! each with a deadline scaled to its size, and what this node serves
+//! (members only).
+
+use super::*;
+
+impl Net {
+    /// Goes back to the state before `step`: this node's own, if still
+    /// kept, else a fresh download of the latest state from a peer.
+    pub(super) fn rewind(&mut self, step: u32) {
+        self.stats.rewinds += 1;
+        self.generation += 1;
+        // States after `step` are from the abandoned history.
+        self.snapshots.retain(|&s, _| s <= step);
+        self.done = None;
+        match self.snapshots.get(&step) {
+            Some(snap) => {
+                self.applied = step;
+                let _ = self.to_trainer.send(ToTrainer::Snapshot {
+                    bytes: snap.to_vec(),
+                    generation: self.generation,
+                });
+            }
+            None => {
+                self.machine.unsync();
+                self.syncing = true;
+                self.sync_buf = None;
+                self.sync_requested = None;
+            }
+        }
+    }
+
+    /// A backfilled manifest must be for this job, epoch and step, signed by
+    /// the member who led it at its attempt. Our own manifests (from before
+    /// a restart) count too, which gossip admission would refuse.
+    pub(super) fn check_backfill(&self, step: u32, raw: &[u8]) -> Option<Vec<u32>> {
+        let s = msg::open(raw).ok()?;
+        let Body::Manifest(m) = s.body else {
+            return None;
+        };
+        let ok = m.job == self.cfg.job
+            && m.epoch == self.cfg.epoch
+            && m.step == step
+            && (m.attempt as u32) < self.machine.members()
+            && self.machine.leader(step, m.attempt) == m.leader
+            && self.cfg.members.get(m.leader as usize) == Some(&s.signer);
+        ok.then(|| m.entries.iter().map(|e| e.0).collect())
+    }
+
+    /// Asks member `step + tries` (skipping ourselves) for a missed manifest.
+    pub(super) fn ask_backfill(&mut self, step: u32, tries: u32) {
+        let n = self.cfg.members.len() as u32;
+        if tries >= n {
+            return;
+        }
+        let mut from = (step + tries) % n;
+        if from == self.cfg.me {
+            from = (from + 1) % n;
+        }
+        self.ask(
+            from,
+            Request::Manifest { step },
+            Pending::Backfill { step, tries },
+        );
+    }
+
+    /// Sends `req` to member `member` and remembers what it was for; false
+    /// when that member's peer id is unknown.
+    pub(super) fn ask(&mut self, member: u32, req: Request, what: Pending) -> bool {
+        let Some(Some(peer)) = self.peers.get(member as usize).copied() else {
+            return false;
+        };
+        let id = self.send(&peer, req);
+        self.pending.insert(id, what);
+        true
+    }
+
+    /// Sends a request with a deadline scaled to the answer's size: a peer
+    /// that trickles costs that long, not the transport's 20 s.
+    pub(super) fn send(&mut self, peer: &PeerId, req: Request) -> OutboundRequestId {
+        let bytes = match &req {
+            Request::Payload(_) => self.payload_len,
+            Request::Snapshot { .. } | Request::Momentum { .. } => msg::SNAPSHOT_CHUNK as u64,
+            Request::Manifest { .. } => msg::MAX_GOSSIP as u64,
+            Request::Cosign(_) => 0,
+        };
+        let deadline = Instant::now() + self.cfg.timing.deadline(bytes);
+        let id = self.swarm.behaviour_mut().blobs.send_request(peer, req);
+        self.deadlines.insert(id, deadline);
+        id
+    }
+
+    /// The stalling attacker answers a request for its payload only from
+    /// that step's first leader (so the payload gets listed) and leaves
+    /// everyone else waiting: an author that trickles.
+    pub(super) fn stalls(&self, from: &PeerId, req: &Request) -> bool {
+        let Request::Payload(hash) = req else {
+            return false;
+        };
+        if self.cfg.defence.adversary != Some(Mode::Stalling) {
+            return false;
+        }
+        let asker = self.peers.iter().position(|p| p.as_ref() == Some(from));
+        let step = self.own_payloads.get(hash).copied();
+        match (asker, step) {
+            (Some(asker), Some(step)) => self.machine.leader(step, 0) != asker as u32,
+            _ => true,
+        }
+    }
+
+    /// Requests past their deadline fail now (a late answer is ignored).
+    pub(super) fn expire_requests(&mut self) {
+        let now = Instant::now();
+        let late: Vec<OutboundRequestId> = self
+            .deadlines
+            .iter()
+            .filter(|(_, d)| now >= **d)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in late {
+            self.deadlines.remove(&id);
+            self.stats.timed_out += 1;
+            self.on_failure(id);
+        }
+    }
+
+    pub(super) fn request_snapshot(&mut self, step: u32, from: u32) {
+        let fresh = self
+            .sync_requested
+            .is_none_or(|t| t.elapsed() > Duration::from_secs(5));
+        if !fresh || from == self.cfg.me {
+            return;
+        }
+        let Some(Some(peer)) = self.peers.get(from as usize).copied() else {
+            return;
+        };
+        let Some(m) = self.machine.manifest(step) else {
+            return;
+        };
+        self.sync_buf = Some(Download {
+            step,
+            state_hash: m.state_hash,
+            buf: Vec::new(),
+            from,
+            parent: m.parent,
+        });
+        self.sync_requested = Some(Instant::now());
+        let id = self.send(&peer, Request::Snapshot { step, offset: 0 });
+        self.pending.insert(id, Pending::Snapshot { step, peer });
+    }
+
+    /// Answers members only: snapshots, momenta and co-signatures are for
+    /// the job's members, and an outsider's requests cost nothing but this
+    /// check.
+    pub(super) fn serve(&mut self, from: &PeerId, req: Request) -> Response {
+        if !self.peers.contains(&Some(*from)) {
+            self.stats.drop(Drop::NotMember);
+            return Response::NotFound;
+        }
+        match req {
+            Request::Payload(h) => self
+                .payloads
+                .get(&h)
+                .map_or(Response::NotFound, |b| Response::Payload(b.clone())),
+            Request::Manifest { step } => self
+                .manifests_raw
+                .get(&step)
+                .map_or(Response::NotFound, |b| Response::Manifest(b.clone())),
+            Request::Snapshot { step, offset } => chunk_of(self.snapshots.get(&step), offset),
+            Request::Momentum { step, offset } => chunk_of(self.momenta.get(&step), offset),
+            Request::Cosign(message) => {
+                let accused: Vec<[u8; 32]> = self
+                    .accused_by_me
+                    .iter()
+                    .filter_map(|m| self.cfg.members.get(*m as usize).copied())
+                    .collect();
+                let agrees = self
+                    .cfg
+                    .defence
+                    .cosigner
+                    .as_ref()
+                    .is_some_and(|c| !accused.is_empty() && (c.0)(&message, &accused));
+                if agrees {
+                    let until = Instant::now() + Duration::from_secs(5);
+                    for (m, t) in self.owed_reports.iter_mut() {
+                        if self.accused_by_me.contains(m) {
+                            *t = Some(until);
+                        }
+                    }
+                }
+                match self.key.sign(&message).try_into() {
+                    Ok(sig) if agrees => Response::Signature(sig),
+                    _ => Response::NotFound,
+                }
+            }
+        }
+    }
+
+    pub(super) fn on_response(&mut self, id: OutboundRequestId, resp: Response) {
+        self.deadlines.remove(&id);
+        let Some(p) = self.pending.remove(&id) else {
+            return;
+        };
+        match (p, resp) {
+            (Pending::Payload(hash), Response::Payload(bytes)) => {
+                self.stats.bytes_in += bytes.len() as u64;
+                if *blake3::hash(&bytes).as_bytes() == hash && bytes.len() <= msg::MAX_RESPONSE {
+                    self.payloads.insert(hash, bytes);
+                    let now = self.now();
+                    self.machine.on_payload(now, hash);
+                } else {
+                    self.stats.drop(Drop::BadBlob);
+                    self.machine.on_fetch_failed(hash);
+                }
+            }
+            (Pending::Payload(hash), _) => self.machine.on_fetch_failed(hash),
+            (Pending::Manifest, Response::Manifest(raw)) => {
+                self.stats.bytes_in += raw.len() as u64;
+                match msg::open(&raw).and_then(|s| self.admit(&s).map(|_| s)) {
+                    Ok(Signed {
+                        body: Body::Manifest(m),
+                        raw,
+                        ..
+                    }) => {
+                        self.on_manifest(m, raw);
+                    }
+                    Ok(_) => self.stats.drop(Drop::BadBlob),
+                    Err(d) => self.stats.drop(d),
+                }
+            }
+            (Pending::Manifest, _) => {}
+            (Pending::Backfill { step, .. }, Response::Manifest(raw)) => {
+                self.stats.bytes_in += raw.len() as u64;
+                match self.check_backfill(step, &raw) {
+                    Some(contributors) => self
+                        .events
+                        .push(NodeEvent::Backfilled { step, contributors }),
+                    None => self.stats.drop(Drop::BadBlob),
+                }
+            }
+            (Pending::Backfill { step, tries }, _) => self.ask_backfill(step, tries + 1),
+            (
+                Pending::Snapshot { step, peer },
+                Response::Snapshot {
+                    total,
+                    offset,
+                    chunk,
+                },
+            ) => {
+                self.stats.bytes_in += chunk.len() as u64;
+                let Some(Download {
+                    step: want_step,
+                    state_hash: hash,
+                    buf,
+                    parent,
+                    ..
+                }) = self.sync_buf.as_mut()
+                else {
+                    return;
+                };
+                if *want_step != step || offset as usize != buf.len() || total as usize > 1 << 30 {
+                    self.stats.drop(Drop::BadBlob);
+                    return;
+                }
+                buf.extend_from_slice(&chunk);
+                if buf.len() < total as usize && !chunk.is_empty() {
+                    let offset = buf.len() as u32;
+                    let id = self.send(&peer, Request::Snapshot { step, offset });
+                    self.pending.insert(id, Pending::Snapshot { step, peer });
+                    return;
+                }
+                if *blake3::hash(buf).as_bytes() != *hash {
+                    self.stats.drop(Drop::BadBlob);
+                    self.retry_snapshot(step);
+                    return;
+                }
+                let bytes = std::mem::take(buf);
+                let parent = *parent;
+                self.sync_buf = None;
+                self.syncing = false;
+                self.machine.resync(step, parent);
+                let _ = self.to_trainer.send(ToTrainer::Snapshot {
+                    bytes,
+                    generation: self.generation,
+                });
+            }
+            (Pending::Snapshot { step, .. }, _) => self.retry_snapshot(step),
+            (
+                Pending::Momentum { step, member },
+                Response::Snapshot {
+                    total,
+                    offset,
+                    chunk,
+                },
+            ) => {
+                self.stats.bytes_in += chunk.len() as u64;
+                self.on_momentum_chunk(step, member, total, offset, chunk);
+            }
+            (Pending::Momentum { step, member }, _) => self.reveal_failed(step, member, true),
+            (Pending::Cosign { round, member }, Response::Signature(sig)) => {
+                self.on_cosign(round, member, Some(sig))
+            }
+            (Pending::Cosign { round, member }, _) => self.on_cosign(round, member, None),
+        }
+    }
+
+    /// The snapshot download failed or did not match: ask the next member.
+    pub(super) fn retry_snapshot(&mut self, step: u32) {
+        let from = self.sync_buf.take().map_or(0, |b| b.from);
+        self.sync_requested = None;
+        self.request_snapshot(step, (from + 1) % self.cfg.members.len() as u32);
+    }
+
+    pub(super) fn on_failure(&mut self, id: OutboundRequestId) {
+        self.deadlines.remove(&id);
+        match self.pending.remove(&id) {
+            Some(Pending::Payload(h)) => self.machine.on_fetch_failed(h),
+            Some(Pending::Snapshot { step, .. }) => self.retry_snapshot(step),
+            Some(Pending::Backfill { step, tries }) => self.ask_backfill(step, tries + 1),
+            Some(Pending::Momentum { step, member }) => self.reveal_failed(step, member, false),
+            Some(Pending::Cosign { round, member }) => self.on_cosign(round, member, None),
+            _ => {}
+        }
+    }
+}
+
+/// The piece of a large blob (a state, a momentum) that starts at `offset`.
+pub(super) fn chunk_of(blob: Option<&Arc<Vec<u8>>>, offset: u32) -> Response {
+    match blob {
+        Some(b) if (offset as usize) <= b.len() => {
+            let end = (offset as usize + msg::SNAPSHOT_CHUNK).min(b.len());
+            Response::Snapshot {
+                total: b.len() as u32,
+                offset,
+                chunk: b[offset as usize..end].to_vec(),
+            }
+        }
+        _ => Response::NotFound,
+    }
+}

@@ -1,0 +1,882 @@
+//! One member of a job on the network: a training thread that owns the
+//! [`Trainer`] and a network task that owns the swarm and the
+//! [`StepMachine`]. They talk through channels, so training never waits on
+//! I/O except where the protocol says it must (the manifest of step t-1
+//! before computing step t+1).
+
+mod fetch;
+mod gossip;
+mod witness;
+
+use crate::adversary::Mode;
+use crate::audit;
+use crate::backend::GradientEngine;
+use crate::data::Corpus;
+use crate::defence::{self, Ground, Policy, Tally};
+use crate::net::diverge::{Conclusion, DivergenceVote};
+pub use crate::net::events::*;
+use crate::net::guard::Revealed;
+use crate::net::msg::{self, Accuse, Body, Drop, Heartbeat, Manifest, Request, Response, Signed};
+use crate::net::step::{Action, KEEP, StepMachine, Verdict};
+use crate::net::swarm::{self, Behaviour, BehaviourEvent};
+use crate::net::train::{FromTrainer, ToTrainer, now_us, train_loop};
+use crate::trainer::{Identity, Trainer};
+use libp2p::futures::StreamExt;
+use libp2p::gossipsub::{self, IdentTopic, MessageAcceptance};
+use libp2p::identity::ed25519;
+use libp2p::request_response::{self, OutboundRequestId};
+use libp2p::swarm::SwarmEvent;
+use libp2p::{PeerId, Swarm, ping};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::sync::mpsc as std_mpsc;
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, oneshot};
+
+enum Pending {
+    Payload([u8; 32]),
+    Manifest,
+    Backfill { step: u32, tries: u32 },
+    Snapshot { step: u32, peer: PeerId },
+    Momentum { step: u32, member: u32 },
+    Cosign { round: u64, member: u32 },
+}
+
+/// A momentum being downloaded for an audit.
+struct Reveal {
+    /// What the member's contribution committed to.
+    hash: [u8; 32],
+    buf: Vec<u8>,
+    tries: u32,
+    /// When the download began: a member that cannot be reached is asked
+    /// again until [`AUDIT_PATIENCE`] has passed.
+    since: Instant,
+    /// When to ask again after an unreachable try.
+    retry_at: Option<Instant>,
+    /// The member answered at least once without the momentum.
+    refused: bool,
+}
+
+/// Co-signatures being gathered for the application.
+struct CosignRound {
+    waiting: BTreeSet<u32>,
+    got: Vec<(u32, [u8; 64])>,
+    reply: oneshot::Sender<Vec<(u32, [u8; 64])>>,
+    deadline: Instant,
+}
+
+/// A shared-state download in progress.
+struct Download {
+    step: u32,
+    /// What the step's manifest says the state hashes to.
+    state_hash: [u8; 32],
+    buf: Vec<u8>,
+    from: u32,
+    /// The manifest's history id: this node's history base once loaded.
+    parent: [u8; 32],
+}
+
+/// The network side: owns the swarm and the step machine.
+struct Net {
+    /// Per connected peer: latest round trip and bytes received.
+    links: HashMap<PeerId, (Option<Duration>, u64)>,
+    cfg: NodeConfig,
+    key: ed25519::Keypair,
+    swarm: Swarm<Behaviour>,
+    topic: IdentTopic,
+    machine: StepMachine,
+    /// Who is wrong when a manifest's state hash is not ours.
+    divergence: DivergenceVote,
+    peers: Vec<Option<PeerId>>,
+    started: Instant,
+    payloads: HashMap<[u8; 32], Vec<u8>>,
+    manifests_raw: BTreeMap<u32, Vec<u8>>,
+    /// Events raised by the network side (backfill), drained by `run`.
+    events: Vec<NodeEvent>,
+    snapshots: BTreeMap<u32, Arc<Vec<u8>>>,
+    pending: HashMap<OutboundRequestId, Pending>,
+    /// When each pending request is given up (`Timing::deadline`).
+    deadlines: HashMap<OutboundRequestId, Instant>,
+    /// Size of this node's own payloads: what a payload fetch expects.
+    payload_len: u64,
+    /// This node's recent payloads: hash → step.
+    own_payloads: BTreeMap<[u8; 32], u32>,
+    /// Requests the stalling attacker holds unanswered (tests only).
+    unanswered: std::collections::VecDeque<request_response::ResponseChannel<Response>>,
+    heartbeat_seq: BTreeMap<[u8; 32], u64>,
+    seq: u64,
+    applied: u32,
+    next_contribution: u32,
+    syncing: bool,
+    sync_buf: Option<Download>,
+    /// Rewinds so far; trainer messages from before the latest are stale.
+    generation: u64,
+    sync_requested: Option<Instant>,
+    subscribed: std::collections::BTreeSet<PeerId>,
+    to_trainer: std_mpsc::Sender<ToTrainer>,
+    unpublished: Vec<Vec<u8>>,
+    stats: NodeStats,
+    done: Option<Instant>,
+    peers_done: std::collections::BTreeSet<u32>,
+    /// This member's momentum before each of its recent contributions:
+    /// what it reveals when audited.
+    momenta: BTreeMap<u32, Arc<Vec<u8>>>,
+    /// Momentum downloads for audits: (step, member) → progress.
+    reveals: BTreeMap<(u32, u32), Reveal>,
+    /// The defence policy (this side's copy: the trainer holds another).
+    policy: Policy,
+    /// Accusations heard, counted under `policy`.
+    tally: Tally,
+    /// Evidence this node accused on from proof it holds (once each).
+    proofs: BTreeSet<[u8; 32]>,
+    /// Members this node accused: the only ones it co-signs reports on.
+    accused_by_me: BTreeSet<u32>,
+    cosigns: HashMap<u64, CosignRound>,
+    next_round: u64,
+    /// Convictions whose on-chain report needs this node, so it does not
+    /// leave while they are open: as the lead accuser until the application
+    /// settles it, as a co-signer until a little after it signed (room for a
+    /// retry with a fresh blockhash). Member → when it may stop waiting.
+    owed_reports: BTreeMap<u32, Option<Instant>>,
+    /// Whether an application drives reports through [`Control`].
+    reports: bool,
+    /// Audits this witness drew and has not decided yet: it does not
+    /// leave while any is open (up to [`AUDIT_PATIENCE`] after its last
+    /// step), so a slow witness still audits instead of dropping it.
+    auditing: BTreeSet<(u32, u32)>,
+    /// Peers whose latest heartbeat says they still audit: their audits
+    /// may need this node's momentum or count its accusation, so a
+    /// finished node stays for them too (never past [`AUDIT_PATIENCE`]).
+    peers_auditing: BTreeSet<u32>,
+}
+
+/// How long a node that finished its steps stays for its open audits and
+/// for live peers still training or auditing, and how long a witness keeps
+/// asking a member it cannot reach for a momentum.
+const AUDIT_PATIENCE: Duration = Duration::from_secs(60);
+
+impl Net {
+    fn now(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// Gossips `raw`; with no subscribed peer yet it is kept for the next
+    /// tick.
+    fn publish(&mut self, raw: Vec<u8>) {
+        if self
+            .swarm
+            .behaviour_mut()
+            .gossip
+            .publish(self.topic.clone(), raw.clone())
+            .is_ok()
+        {
+            self.stats.bytes_out += raw.len() as u64;
+        } else {
+            self.unpublished.push(raw);
+        }
+    }
+
+    fn drive(&mut self) {
+        let actions = self.machine.poll(self.now());
+        for a in actions {
+            tracing::trace!(me = self.cfg.me, action = ?a);
+            match a {
+                Action::Fetch { hash, from } => {
+                    if !self.ask(from, Request::Payload(hash), Pending::Payload(hash)) {
+                        self.machine.on_fetch_failed(hash);
+                    }
+                }
+                Action::RequestManifest { step, from } => {
+                    self.ask(from, Request::Manifest { step }, Pending::Manifest);
+                }
+                // The stalling member leads in silence on even steps, and on
+                // odd ones lists its own payload under a hash nobody holds.
+                Action::Publish(mut m) if self.cfg.defence.adversary == Some(Mode::Stalling) => {
+                    if m.step % 2 == 1 {
+                        let me = self.cfg.me;
+                        for (who, hash) in m.entries.iter_mut() {
+                            if *who == me {
+                                *hash = *blake3::hash(hash).as_bytes();
+                            }
+                        }
+                        self.publish(msg::sign(&Body::Manifest(m), &self.key));
+                    }
+                }
+                Action::Publish(mut m) => {
+                    // The lying leader also equivocates: a second signed
+                    // manifest for the same attempt, without its own entry.
+                    let mut twin = None;
+                    if self.cfg.defence.adversary == Some(Mode::LyingLeader) {
+                        self.lie(&mut m);
+                        let mut t = m.clone();
+                        t.entries.retain(|(who, _)| *who != self.cfg.me);
+                        twin = (t != m).then_some(t);
+                    }
+                    let raw = msg::sign(&Body::Manifest(m.clone()), &self.key);
+                    self.manifests_raw.insert(m.step, raw.clone());
+                    self.publish(raw);
+                    if let Some(t) = twin {
+                        self.publish(msg::sign(&Body::Manifest(t), &self.key));
+                    }
+                }
+                Action::Apply {
+                    manifest,
+                    same_history,
+                } => {
+                    // The machine holds a hash only once its bytes are here.
+                    let payloads = manifest
+                        .entries
+                        .iter()
+                        .map(|(_, h)| {
+                            debug_assert!(self.payloads.contains_key(h), "applying without bytes");
+                            self.payloads.get(h).cloned().unwrap_or_default()
+                        })
+                        .collect();
+                    let last_produced_us = self.machine.last_produced_us(manifest.step);
+                    let _ = self.to_trainer.send(ToTrainer::Apply {
+                        manifest,
+                        payloads,
+                        last_produced_us,
+                        same_history,
+                    });
+                }
+            }
+        }
+    }
+
+    fn peer_links(&self) -> Vec<PeerLink> {
+        self.peers
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i as u32 != self.cfg.me)
+            .map(|(i, p)| {
+                let (rtt, bytes_in) = p
+                    .as_ref()
+                    .and_then(|p| self.links.get(p).copied())
+                    .unwrap_or_default();
+                PeerLink {
+                    member: i as u32,
+                    rtt,
+                    bytes_in,
+                }
+            })
+            .collect()
+    }
+
+    /// The lowest gossip score of any connected peer so far (a peer that
+    /// sent invalid messages goes negative, and past -80 is graylisted).
+    fn note_scores(&mut self) {
+        let g = &self.swarm.behaviour().gossip;
+        let low = g
+            .all_peers()
+            .filter_map(|(p, _)| g.peer_score(p))
+            .fold(f64::INFINITY, f64::min);
+        if low.is_finite() {
+            self.stats.lowest_peer_score = self.stats.lowest_peer_score.min(low);
+        }
+    }
+
+    fn heartbeat(&mut self) {
+        self.note_scores();
+        self.seq = self.seq.max(now_us());
+        let hb = Heartbeat {
+            job: self.cfg.job,
+            epoch: self.cfg.epoch,
+            member: self.cfg.me,
+            seq: self.seq,
+            ready_from: self.next_contribution,
+            applied: self.applied,
+            auditing: self.auditing.len() as u32,
+        };
+        let raw = msg::sign(&Body::Heartbeat(hb), &self.key);
+        // Heartbeats are not worth queueing.
+        let _ = self
+            .swarm
+            .behaviour_mut()
+            .gossip
+            .publish(self.topic.clone(), raw);
+    }
+
+    /// Dials bootstrap peers we are not connected to (they may have
+    /// started after us, or restarted).
+    fn redial(&mut self) {
+        for a in self.cfg.bootstrap.clone() {
+            let peer = a.iter().find_map(|p| match p {
+                libp2p::multiaddr::Protocol::P2p(id) => Some(id),
+                _ => None,
+            });
+            if peer.is_some_and(|p| !self.swarm.is_connected(&p)) {
+                let _ = self.swarm.dial(a);
+            }
+        }
+    }
+
+    fn prune(&mut self) {
+        let floor = self.applied.saturating_sub(KEEP);
+        // The step machine knows which steps are still kept; payloads
+        // fetched while syncing carry no useful receipt step.
+        let machine = &self.machine;
+        self.payloads.retain(|h, _| machine.holds(h));
+        // Manifests stay for the whole epoch: a restarted member asks for
+        // the ones it missed (see `backfill_from`); they are small.
+        let keep = self.cfg.epoch_start.map_or(floor, |e| e.min(floor));
+        self.manifests_raw.retain(|s, _| *s >= keep);
+        while self.snapshots.len() > 4 {
+            self.snapshots.pop_first();
+        }
+    }
+}
+
+/// When a node starts and when it may leave: the network task's clock.
+struct Life {
+    /// Still waiting for peers before a fresh start.
+    waiting_start: bool,
+    min_peers: usize,
+    start_deadline: Instant,
+    redial_at: Instant,
+    /// How long a finished node stays for its peers.
+    linger: Duration,
+}
+
+impl Life {
+    fn new(cfg: &NodeConfig, n: usize) -> Self {
+        Life {
+            waiting_start: true,
+            min_peers: if cfg.min_peers == 0 {
+                n - 1
+            } else {
+                cfg.min_peers
+            },
+            start_deadline: Instant::now() + Duration::from_secs(30),
+            redial_at: Instant::now(),
+            linger: Duration::from_secs(5),
+        }
+    }
+}
+
+impl Net {
+    fn new(
+        cfg: NodeConfig,
+        key: ed25519::Keypair,
+        swarm: Swarm<Behaviour>,
+        topic: IdentTopic,
+        to_trainer: std_mpsc::Sender<ToTrainer>,
+        reports: bool,
+    ) -> Self {
+        let n = cfg.members.len();
+        Net {
+            machine: StepMachine::new(
+                cfg.job, cfg.epoch, cfg.seed, n as u32, cfg.me, cfg.timing, None,
+            )
+            .with_end(cfg.steps),
+            divergence: DivergenceVote::new(n as u32),
+            peers: cfg.members.iter().map(swarm::peer_id).collect(),
+            key,
+            swarm,
+            topic,
+            started: Instant::now(),
+            payloads: HashMap::new(),
+            manifests_raw: BTreeMap::new(),
+            events: Vec::new(),
+            snapshots: BTreeMap::new(),
+            pending: HashMap::new(),
+            deadlines: HashMap::new(),
+            payload_len: 64 * 1024,
+            unanswered: std::collections::VecDeque::new(),
+            own_payloads: BTreeMap::new(),
+            heartbeat_seq: BTreeMap::new(),
+            seq: 0,
+            applied: 0,
+            next_contribution: 0,
+            syncing: false,
+            sync_buf: None,
+            generation: 0,
+            sync_requested: None,
+            subscribed: Default::default(),
+            to_trainer,
+            unpublished: Vec::new(),
+            stats: NodeStats::default(),
+            links: HashMap::new(),
+            done: None,
+            peers_done: Default::default(),
+            momenta: BTreeMap::new(),
+            reveals: BTreeMap::new(),
+            auditing: BTreeSet::new(),
+            peers_auditing: BTreeSet::new(),
+            policy: Policy {
+                audit: cfg.defence.audit,
+                witnesses: cfg.defence.witnesses.clone(),
+                seed: cfg.seed,
+                job: cfg.job,
+                epoch: cfg.epoch,
+            },
+            tally: Tally::default(),
+            proofs: BTreeSet::new(),
+            accused_by_me: BTreeSet::new(),
+            cosigns: HashMap::new(),
+            next_round: 0,
+            owed_reports: BTreeMap::new(),
+            reports,
+            cfg,
+        }
+    }
+
+    /// One event from the swarm: gossip, requests and answers, discovery.
+    fn on_swarm(&mut self, ev: SwarmEvent<BehaviourEvent>) {
+        match ev {
+            SwarmEvent::NewListenAddr { address, .. } => {
+                self.events.push(NodeEvent::Listening(address))
+            }
+            SwarmEvent::Behaviour(BehaviourEvent::Gossip(gossipsub::Event::Message {
+                propagation_source,
+                message_id,
+                message,
+            })) => {
+                self.links.entry(propagation_source).or_default().1 += message.data.len() as u64;
+                let verdict = self.on_gossip(&message.data);
+                let _ = self
+                    .swarm
+                    .behaviour_mut()
+                    .gossip
+                    .report_message_validation_result(&message_id, &propagation_source, verdict);
+                self.drive();
+            }
+            SwarmEvent::Behaviour(BehaviourEvent::Gossip(gossipsub::Event::Subscribed {
+                peer_id,
+                ..
+            })) => {
+                self.subscribed.insert(peer_id);
+            }
+            SwarmEvent::Behaviour(BehaviourEvent::Ping(ping::Event {
+                peer,
+                result: Ok(rtt),
+                ..
+            })) => {
+                self.links.entry(peer).or_default().0 = Some(rtt);
+            }
+            SwarmEvent::Behaviour(BehaviourEvent::Blobs(request_response::Event::Message {
+                peer,
+                message,
+                ..
+            })) => match message {
+                request_response::Message::Request {
+                    request, channel, ..
+                } => {
+                    // The stalling member never answers for its payloads:
+                    // the asker waits out its deadline.
+                    if self.stalls(&peer, &request) {
+                        self.unanswered.push_back(channel);
+                        if self.unanswered.len() > 256 {
+                            self.unanswered.pop_front();
+                        }
+                        return;
+                    }
+                    let resp = self.serve(&peer, request);
+                    self.stats.bytes_out += resp.encode().len() as u64;
+                    let _ = self
+                        .swarm
+                        .behaviour_mut()
+                        .blobs
+                        .send_response(channel, resp);
+                }
+                request_response::Message::Response {
+                    request_id,
+                    response,
+                } => {
+                    self.links.entry(peer).or_default().1 += response.wire_len() as u64;
+                    self.on_response(request_id, response);
+                    self.drive();
+                }
+            },
+            SwarmEvent::Behaviour(BehaviourEvent::Blobs(
+                request_response::Event::OutboundFailure {
+                    request_id, error, ..
+                },
+            )) => {
+                tracing::debug!(me = self.cfg.me, %error, "request failed");
+                self.on_failure(request_id);
+                self.drive();
+            }
+            SwarmEvent::Behaviour(BehaviourEvent::Blobs(
+                request_response::Event::InboundFailure { .. },
+            )) => {
+                self.stats.drop(Drop::Malformed);
+            }
+            SwarmEvent::Behaviour(BehaviourEvent::Identify(
+                libp2p::identify::Event::Received { peer_id, info, .. },
+            )) => {
+                for a in info.listen_addrs {
+                    self.swarm.behaviour_mut().kad.add_address(&peer_id, a);
+                }
+            }
+            SwarmEvent::Behaviour(BehaviourEvent::Mdns(libp2p::mdns::Event::Discovered(list))) => {
+                for (peer, addr) in list {
+                    self.swarm
+                        .behaviour_mut()
+                        .kad
+                        .add_address(&peer, addr.clone());
+                    let _ = self.swarm.dial(addr);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// One message from the training thread; an error when it failed.
+    fn on_trainer(&mut self, msg: FromTrainer) -> Result<(), String> {
+        match msg {
+            FromTrainer::Ready { step, resumed } => {
+                self.applied = step;
+                self.syncing = self.cfg.join || resumed;
+            }
+            FromTrainer::Contribution {
+                announce,
+                bytes,
+                momentum,
+                compute_secs,
+            } => {
+                self.stats.compute_secs += compute_secs;
+                self.momenta.insert(announce.step, momentum);
+                while self.momenta.len() > 2 * KEEP as usize {
+                    self.momenta.pop_first();
+                }
+                self.next_contribution = announce.step + 1;
+                self.payload_len = bytes.len() as u64;
+                self.own_payloads
+                    .insert(announce.payload_hash, announce.step);
+                let keep = announce.step.saturating_sub(2 * KEEP);
+                self.own_payloads.retain(|_, s| *s >= keep);
+                self.payloads.insert(announce.payload_hash, bytes);
+                let now = self.now();
+                self.machine.on_local(now, &announce);
+                self.publish(msg::sign(&Body::Announce(announce), &self.key));
+                self.drive();
+            }
+            // Sent before the trainer saw the latest rewind: its state is
+            // being replaced.
+            FromTrainer::Applied { generation, .. } | FromTrainer::Done { generation, .. }
+                if generation < self.generation => {}
+            FromTrainer::Applied {
+                step,
+                state_hash,
+                snapshot,
+                event,
+                ..
+            } => {
+                self.applied = step;
+                if matches!(event, NodeEvent::Synced { .. }) {
+                    self.next_contribution = step + 1;
+                    if self.machine.next_apply().is_none() {
+                        let parent = self.machine.manifest(step).map_or([0; 32], |m| m.parent);
+                        self.machine.resync(step, parent);
+                    }
+                } else {
+                    self.events.push(event);
+                }
+                self.machine.on_applied(step, state_hash);
+                self.snapshots.insert(step, snapshot);
+                self.prune();
+                self.drive();
+            }
+            FromTrainer::ForgedEntry {
+                step,
+                leader,
+                member,
+                hash,
+            } => {
+                self.stats.forged_entries += 1;
+                self.events.push(NodeEvent::ForgedEntry {
+                    step,
+                    leader,
+                    member,
+                });
+                // Proof against the leader only when the member announced
+                // other bytes (and nothing else).
+                if self.machine.leader_forged(step, member, &hash) {
+                    let evidence = defence::forged_entry_evidence(
+                        &self.cfg.job,
+                        self.cfg.epoch,
+                        step,
+                        leader,
+                        member,
+                    );
+                    self.accuse_leader(leader, step, evidence, Ground::ForgedEntry);
+                }
+            }
+            FromTrainer::StateCheck {
+                step,
+                leader,
+                matches,
+            } => match self.divergence.check(step, leader, matches) {
+                Conclusion::Agreed => {}
+                Conclusion::Suspect { leader } => {
+                    self.stats.wrong_state_hashes += 1;
+                    self.events.push(NodeEvent::WrongStateHash { step, leader });
+                }
+                Conclusion::Diverged => self.events.push(NodeEvent::Diverged { step }),
+            },
+            FromTrainer::AuditTargets { step, targets } => {
+                tracing::debug!(me = self.cfg.me, step, members = ?targets.iter().map(|t| t.member).collect::<Vec<_>>(), "auditing");
+                for t in targets {
+                    self.auditing.insert((step, t.member));
+                    self.fetch_momentum(step, t.member, t.hash);
+                    if let Some(prev) = t.previous {
+                        self.fetch_momentum(step - 1, t.member, prev);
+                    }
+                }
+            }
+            FromTrainer::AuditDone {
+                step,
+                member,
+                report,
+            } => {
+                self.auditing.remove(&(step, member));
+                let Some(report) = report else {
+                    return Ok(());
+                };
+                self.stats.audits += 1;
+                self.stats.audit_secs += report.secs;
+                if !report.passed {
+                    self.stats.audits_failed += 1;
+                    self.accuse(&report);
+                }
+                self.events.push(NodeEvent::Audited(report));
+                self.drive();
+            }
+            FromTrainer::Synced { step, resumed } => {
+                self.events.push(NodeEvent::Synced { step, resumed });
+                if let Some(from) = self.cfg.backfill_from {
+                    for st in from..step {
+                        self.ask_backfill(st, 0);
+                    }
+                }
+            }
+            FromTrainer::Done { model_hash, .. } => {
+                self.stats.model_hash = model_hash;
+                self.stats.applied = self.applied;
+                self.done = Some(Instant::now());
+                self.heartbeat();
+            }
+            FromTrainer::Failed(e) => return Err(e),
+        }
+        Ok(())
+    }
+
+    /// Every 10 ms: start once peers are in, sync, redial, retry, and
+    /// whether the node may leave now.
+    fn on_tick(&mut self, life: &mut Life) -> bool {
+        self.expire_requests();
+        if life.waiting_start {
+            let members = self
+                .peers
+                .iter()
+                .flatten()
+                .filter(|p| self.subscribed.contains(p))
+                .count();
+            if !self.syncing && (members >= life.min_peers || Instant::now() > life.start_deadline)
+            {
+                life.waiting_start = false;
+                // The epoch's first step: nothing applied before it.
+                self.machine.resync(self.applied, [0; 32]);
+                let _ = self.to_trainer.send(ToTrainer::Start);
+            } else if self.syncing {
+                life.waiting_start = false;
+            }
+        }
+        if self.syncing
+            && self.sync_buf.is_none()
+            && let Some(m) = self.machine.latest_manifest()
+        {
+            let (step, leader) = (m.step, m.leader);
+            self.request_snapshot(step, leader);
+        }
+        if life.redial_at.elapsed() > Duration::from_secs(1) {
+            life.redial_at = Instant::now();
+            self.redial();
+        }
+        self.retry_unpublished();
+        self.retry_reveals();
+        self.drive();
+        self.may_leave(life.linger)
+    }
+
+    /// A finished node leaves once every peer is done too, or after
+    /// `linger`; but it stays (up to `AUDIT_PATIENCE`) while a live peer
+    /// still trains or audits, and longer while a report needs it.
+    fn may_leave(&mut self, linger: Duration) -> bool {
+        let Some(t) = self.done else {
+            return false;
+        };
+        let n = self.cfg.members.len();
+        let all = self.peers_done.len() + 1 >= n;
+        // A conviction is reported on chain with the accusers'
+        // co-signatures: stay until ours is no longer needed.
+        let now = Instant::now();
+        self.owed_reports
+            .retain(|_, until| until.is_none_or(|u| u > now));
+        let reporting = !self.cosigns.is_empty() || !self.owed_reports.is_empty();
+        // Nor while a live peer is still training or auditing: a slow
+        // member must still find peers to fetch from.
+        let now_d = self.now();
+        let slow_peer = (0..n as u32).any(|m| {
+            m != self.cfg.me
+                && !self.peers_done.contains(&m)
+                && !self.machine.is_slashed(m)
+                && self.machine.heard_within(now_d, m, Duration::from_secs(5))
+        });
+        let staying = (slow_peer || !(self.auditing.is_empty() && self.peers_auditing.is_empty()))
+            && t.elapsed() < AUDIT_PATIENCE;
+        let limit = if reporting { linger * 12 } else { linger };
+        (all && !reporting && !staying) || (t.elapsed() > limit && !staying)
+    }
+}
+
+/// Runs one member until it has applied `cfg.steps` updates, then lingers
+/// briefly so slower peers can still fetch from it.
+pub async fn run(
+    cfg: NodeConfig,
+    corpus: Corpus,
+    engine: Box<dyn GradientEngine>,
+    on_event: impl FnMut(&NodeEvent),
+) -> Result<NodeStats, NodeError> {
+    run_with_control(cfg, corpus, engine, None, on_event).await
+}
+
+/// [`run`], also taking requests from the application (co-signing a fraud
+/// report) while it trains.
+pub async fn run_with_control(
+    cfg: NodeConfig,
+    corpus: Corpus,
+    engine: Box<dyn GradientEngine>,
+    mut control: Option<mpsc::UnboundedReceiver<Control>>,
+    mut on_event: impl FnMut(&NodeEvent),
+) -> Result<NodeStats, NodeError> {
+    let n = cfg.members.len();
+    if n == 0 || cfg.me as usize >= n {
+        return Err(NodeError::Config(format!(
+            "member index {} outside a job of {n} members",
+            cfg.me
+        )));
+    }
+    let key = msg::keypair(&cfg.secret);
+    if key.public().to_bytes() != cfg.members[cfg.me as usize] {
+        return Err(NodeError::Config(format!(
+            "this node's key is not member {} of the job",
+            cfg.me
+        )));
+    }
+    let trainer = Trainer::new(
+        cfg.train,
+        &cfg.init_seed,
+        corpus,
+        engine,
+        Identity {
+            job: cfg.job,
+            member: cfg.members[cfg.me as usize],
+            index: cfg.me,
+        },
+    )?;
+    let mut swarm = swarm::build(&key, cfg.link, cfg.mdns)?;
+    for a in &cfg.listen {
+        swarm
+            .listen_on(a.clone())
+            .map_err(|e| NodeError::Config(format!("cannot listen on {a}: {e}")))?;
+    }
+    for a in &cfg.bootstrap {
+        if let Err(e) = swarm.dial(a.clone()) {
+            return Err(NodeError::Config(format!("cannot dial {a}: {e}")));
+        }
+    }
+    let topic = IdentTopic::new(format!("cohort/{}", hex(&cfg.job[..8])));
+    swarm
+        .behaviour_mut()
+        .gossip
+        .subscribe(&topic)
+        .map_err(|e| NodeError::Config(format!("gossip subscribe: {e}")))?;
+    let (params, thresholds) = swarm::scoring(&topic);
+    swarm
+        .behaviour_mut()
+        .gossip
+        .with_peer_score(params, thresholds)
+        .map_err(|e| NodeError::Config(format!("gossip scoring: {e}")))?;
+    let (to_trainer, trainer_rx) = std_mpsc::channel();
+    let (trainer_tx, mut from_trainer) = mpsc::unbounded_channel();
+    let tcfg = cfg.clone();
+    let worker = std::thread::Builder::new()
+        .name("cohort-train".into())
+        .spawn(move || {
+            if let Err(e) = train_loop(tcfg, trainer, trainer_rx, trainer_tx.clone()) {
+                let _ = trainer_tx.send(FromTrainer::Failed(e));
+            }
+        })
+        .map_err(|e| NodeError::Trainer(e.to_string()))?;
+    let reports = control.is_some();
+    let mut net = Net::new(cfg, key, swarm, topic, to_trainer, reports);
+    let mut life = Life::new(&net.cfg, n);
+    let mut tick = tokio::time::interval(Duration::from_millis(10));
+    let mut beat = tokio::time::interval(Duration::from_millis(500));
+    let mut beats = 0u64;
+    let mut trainer_open = true;
+    let failed = loop {
+        for e in std::mem::take(&mut net.events) {
+            on_event(&e);
+        }
+        tokio::select! {
+            ev = net.swarm.select_next_some() => net.on_swarm(ev),
+            msg = from_trainer.recv(), if trainer_open => {
+                // After `Done` the thread ends and closes the channel; the
+                // node lingers to serve peers still finishing.
+                let Some(msg) = msg else {
+                    trainer_open = false;
+                    if net.done.is_none() {
+                        break None;
+                    }
+                    continue;
+                };
+                if let Err(e) = net.on_trainer(msg) {
+                    break Some(e);
+                }
+            }
+            _ = tick.tick() => {
+                if net.on_tick(&mut life) {
+                    break None;
+                }
+            }
+            c = async {
+                match control.as_mut() {
+                    Some(rx) => rx.recv().await,
+                    None => std::future::pending().await,
+                }
+            } => match c {
+                Some(c) => net.on_control(c),
+                None => control = None,
+            },
+            _ = beat.tick() => {
+                net.finish_cosigns();
+                net.heartbeat();
+                beats += 1;
+                if beats.is_multiple_of(4) {
+                    on_event(&NodeEvent::Links(net.peer_links()));
+                }
+            }
+        }
+    };
+    for e in std::mem::take(&mut net.events) {
+        on_event(&e);
+    }
+    if let Some(e) = failed {
+        let _ = worker.join();
+        return Err(NodeError::Trainer(e));
+    }
+    // The trainer waits for rewinds until the network side hangs up.
+    let Net {
+        to_trainer, stats, ..
+    } = net;
+    drop(to_trainer);
+    let _ = worker.join();
+    Ok(stats)
+}
+
+pub fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
