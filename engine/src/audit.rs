@@ -21,9 +21,10 @@
 //! the first forged link breaks. One more gradient, only for flagged
 //! payloads that pass.
 //!
-//! Audits are drawn two ways, both from data every node holds once the step
-//! is over, so nobody knows in advance which contribution is checked:
-//! - at random, each contribution with probability `rate`;
+//! Audits are drawn two ways (who draws them, and when, is
+//! [`crate::defence`]'s to say):
+//! - at random, each auditor's coin drawing a contribution with
+//!   probability `rate`;
 //! - always, when a cheap screen of the step's payloads flags it: a payload
 //!   equal to another one (copied, or re-sent from an earlier step), or one
 //!   whose coefficients few others picked or whose signs go against the
@@ -34,7 +35,9 @@ use crate::compress::{Layout, Payload};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AuditConfig {
-    /// Chance that any one contribution is audited at random.
+    /// Chance that one auditor's coin draws a contribution for a random
+    /// audit (each contribution has `quorum` auditors; see
+    /// [`crate::defence`]).
     pub rate: f64,
     /// Witnesses whose failed audits slash a member (on chain: the job's
     /// quorum of `report_fraud` signers).
@@ -195,20 +198,6 @@ pub fn screen_step(
         hashes,
         weights,
     }
-}
-
-/// Whether `member`'s contribution to `step` is audited at random. `reveal`
-/// is known only after the step (its manifest id, or the shared state hash
-/// after it), so a member cannot tell in advance.
-pub fn sampled(reveal: &[u8; 32], step: u32, member: u32, rate: f64) -> bool {
-    let mut h = blake3::Hasher::new();
-    h.update(b"cohort-audit-v1");
-    h.update(reveal);
-    h.update(&step.to_le_bytes());
-    h.update(&member.to_le_bytes());
-    let d = h.finalize();
-    let x = u64::from_le_bytes(d.as_bytes()[..8].try_into().unwrap_or([0; 8]));
-    (x as f64) < rate * u64::MAX as f64
 }
 
 /// How a sent payload compares with a reference one.
@@ -426,17 +415,6 @@ mod tests {
         let mut other = m.clone();
         other[1][2] = 0.5;
         assert_ne!(momentum_hash(&other), momentum_hash(&m));
-    }
-
-    #[test]
-    fn sampling_is_seeded_and_near_its_rate() {
-        let reveal = [7; 32];
-        let hits = (0..20_000)
-            .filter(|&m| sampled(&reveal, 3, m, 0.05))
-            .count();
-        assert!((800..1200).contains(&hits), "{hits}");
-        assert_eq!(sampled(&reveal, 3, 11, 0.05), sampled(&reveal, 3, 11, 0.05));
-        assert!(!sampled(&reveal, 3, 11, 0.0));
     }
 
     #[test]
