@@ -134,6 +134,20 @@ pub struct NodeConfig {
     pub defence: Defence,
 }
 
+impl NodeConfig {
+    /// This epoch's defence policy: the same on the training thread and
+    /// the network task.
+    pub fn policy(&self) -> crate::defence::Policy {
+        crate::defence::Policy {
+            audit: self.defence.audit,
+            witnesses: self.defence.witnesses.clone(),
+            seed: self.seed,
+            job: self.job,
+            epoch: self.epoch,
+        }
+    }
+}
+
 /// Where each step's time went on this node.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct StepTimes {

@@ -89,13 +89,7 @@ pub(crate) struct Guard {
 impl Guard {
     pub(crate) fn new(cfg: &NodeConfig) -> Self {
         Guard {
-            policy: Policy {
-                audit: cfg.defence.audit,
-                witnesses: cfg.defence.witnesses.clone(),
-                seed: cfg.seed,
-                job: cfg.job,
-                epoch: cfg.epoch,
-            },
+            policy: cfg.policy(),
             me: cfg.me,
             witness: cfg.defence.witnesses.contains(&cfg.me),
             signer: msg::keypair(&cfg.secret),
