@@ -13,14 +13,33 @@ bench=${1:-target/release/cohort-bench}
 tests=${2:-}
 out=${OUT:-target/gpu-check}
 mkdir -p "$out"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | tee "$out/gpu.txt"
+# Every check that fails is named at the end, and the script exits 1: a
+# machine without a driver, a bench that falls back or crashes, a failing
+# test all count.
+failed=()
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | tee "$out/gpu.txt" \
+  || failed+=("nvidia-smi")
 arch=${ARCH:-"gpt l8 d512 h8 s256"}
+# The bench fails without its PyTorch reference; where torch is missing the
+# figures are published without it, and the table says so.
+reference=torch
+if ! python3 -c "import torch" 2>/dev/null; then
+  echo "note: no PyTorch here; engine figures go out without the reference"
+  reference=none
+fi
 for backend in cuda wgpu; do
   echo "== engine bench on $backend"
-  timeout 240 "$bench" engine --backend "$backend" --arch "$arch" --batch 16 --steps 20 2>&1 | tee "$out/engine-$backend.log"
+  timeout 240 "$bench" engine --backend "$backend" --arch "$arch" --batch 16 --steps 20 --reference "$reference" 2>&1 | tee "$out/engine-$backend.log" \
+    || failed+=("engine bench on $backend")
 done
 if [ -n "$tests" ]; then
   echo "== training tests (wgpu member when an adapter exists)"
-  timeout 240 "$tests" --test-threads 1 --nocapture 2>&1 | tee "$out/training.log"
+  timeout 240 "$tests" --test-threads 1 --nocapture 2>&1 | tee "$out/training.log" \
+    || failed+=("training tests")
 fi
 cp docs/bench/engine-*.json docs/benchmarks.md "$out"/ 2>/dev/null || true
+if [ ${#failed[@]} -gt 0 ]; then
+  printf 'FAILED: %s\n' "${failed[@]}" >&2
+  exit 1
+fi
+echo "all GPU checks passed"

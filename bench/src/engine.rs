@@ -1,6 +1,7 @@
 //! `cohort-bench engine`: training tokens/s of one member's step in our
-//! engine against the same architecture in PyTorch, same machine, batch and
-//! sequence length, in one run.
+//! engine against the same architecture in PyTorch, same machine, batch,
+//! sequence length and CPU threads, in one run. Without the reference it
+//! fails and writes nothing, unless asked (`--reference none`).
 
 use crate::args::Args;
 use crate::report::{self, Figures};
@@ -73,7 +74,15 @@ fn torch(model: &ModelConfig, batch: usize, steps: u32, threads: usize) -> Resul
 }
 
 pub fn run(raw: &[String]) -> Result<()> {
-    let args = Args::parse(raw, &["arch", "batch", "steps", "backend", "threads"])?;
+    let args = Args::parse(
+        raw,
+        &["arch", "batch", "steps", "backend", "threads", "reference"],
+    )?;
+    let want_reference = match args.get("reference", "torch".to_string())?.as_str() {
+        "torch" => true,
+        "none" => false,
+        other => anyhow::bail!("--reference {other}: expected `torch` or `none`"),
+    };
     let model = ModelConfig::parse(&args.get("arch", "gpt l4 d256 h4 s128".to_string())?)?;
     let batch: usize = args.get("batch", 8)?;
     let steps: u32 = args.get("steps", 10)?;
@@ -84,6 +93,12 @@ pub fn run(raw: &[String]) -> Result<()> {
             .map(|n| n.get())
             .unwrap_or(1),
     )?;
+    // The engine's CPU work runs on rayon's global pool: give it the same
+    // threads PyTorch gets (before anything has started the pool).
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build_global()
+        .context("setting the engine's thread count")?;
     let selected = backend::select(choice)?;
     println!(
         "engine: {} ({} params), batch {batch} x seq {}; backend {}",
@@ -132,7 +147,16 @@ pub fn run(raw: &[String]) -> Result<()> {
     }
     let tokens = (batch * model.seq_len) as f64 * steps as f64;
     let (ours_full, ours_grad) = (tokens / full, tokens / grad_only);
-    let reference = torch(&model, batch, steps, threads);
+    let reference = if want_reference {
+        torch(&model, batch, steps, threads)
+    } else {
+        Err("not asked for (`--reference none`)".to_string())
+    };
+    if want_reference && let Err(why) = &reference {
+        // A figure without its baseline is not a benchmark result: keep
+        // the last published one.
+        anyhow::bail!("PyTorch reference not measured, nothing written: {why}");
+    }
 
     let mut md = format!(
         "## Engine speed\n\n`cargo run --release -p cohort-bench -- engine` — one member's training step, {} ({} parameters), batch {batch} x seq {}, {steps} timed steps after 2 warm-up steps, backend `{backend_name}`, {threads} threads, same machine and run.\n\n| | Cohort engine tokens/s | PyTorch tokens/s | Cohort ÷ PyTorch |\n|---|---|---|---|\n",

@@ -150,9 +150,9 @@ pub fn run(
     let mut first_sent: BTreeMap<usize, Payload> = BTreeMap::new();
     let mut recent: Vec<[u8; 32]> = Vec::new();
     // Each member's revealed momentum at the previous step (if it computed
-    // then), and the weights that step was computed on: the chain check's
-    // starting point.
-    let mut last_revealed: BTreeMap<usize, Vec<Vec<f32>>> = BTreeMap::new();
+    // then) with the payload it sent, and the weights that step was
+    // computed on: the chain check's starting point.
+    let mut last_revealed: BTreeMap<usize, (Vec<Vec<f32>>, Payload)> = BTreeMap::new();
     let mut last_weights: Option<ParamSet> = None;
     for step in 0..run.steps {
         // Only audits replay an earlier step.
@@ -269,7 +269,7 @@ pub fn run(
             };
             for (j, (i, payload)) in sent.iter().enumerate() {
                 let member = *i as u32;
-                let flagged = screens[j].flagged(&cfg.audit);
+                let flagged = screens[j].needs_audit(&cfg.audit);
                 let auditors = policy.auditors(step, member);
                 let duties: Vec<(u32, Duty)> = auditors
                     .iter()
@@ -297,11 +297,12 @@ pub fn run(
                     .map_or_else(|| zeros(&trainers[*i]), |c| c.0.clone());
                 let prev_step = step.checked_sub(1);
                 let previous = || match (prev_step, &last_weights, last_revealed.get(i)) {
-                    (Some(s), Some(w), Some(m)) => Some(Previous {
+                    (Some(s), Some(w), Some((m, sent))) => Some(Previous {
                         weights: w,
                         seed: epoch_seed(&run.job, s / run.steps_per_epoch.max(1)),
                         epoch: s / run.steps_per_epoch.max(1),
                         momentum: m,
+                        sent,
                     }),
                     _ => None,
                 };
@@ -363,16 +364,19 @@ pub fn run(
                 member: member_key(*i),
                 train_loss: 0.0,
                 momentum_hash: [0; 32],
+                // One history: every member computed on the same state.
+                basis: [0; 32],
                 payload: payload.clone(),
             })
             .collect();
         for t in trainers.iter_mut().chain(std::iter::once(&mut witness)) {
             t.apply_weighted(&contributions, &weights)?;
         }
+        let mut sent_by: BTreeMap<usize, Payload> = sent.into_iter().collect();
         last_revealed = computed
             .into_iter()
             .enumerate()
-            .filter_map(|(i, c)| c.map(|c| (i, c.0)))
+            .filter_map(|(i, c)| Some((i, (c?.0, sent_by.remove(&i)?))))
             .collect();
         last_weights = weights_now;
         let last = step + 1 == run.steps;
@@ -439,6 +443,8 @@ struct Previous<'a> {
     seed: [u8; 32],
     epoch: u32,
     momentum: &'a [Vec<f32>],
+    /// The payload sent then: the coefficients that left its momentum.
+    sent: &'a Payload,
 }
 
 /// One witness's decision on one contribution.
@@ -485,8 +491,13 @@ impl Audited<'_> {
             let (_, mut grads) =
                 witness.member_gradients_on(p.weights, &p.seed, p.epoch, before, index)?;
             noise(&mut grads, before);
-            let (_, expected) = witness.compress_from(p.momentum, &grads)?;
-            chain_error = Some(audit::chain_error(self.momentum, &expected));
+            chain_error = Some(match witness.follow_from(p.momentum, &grads, p.sent) {
+                Ok(expected) => audit::chain_error(self.momentum, &expected, &grads),
+                // A payload that fits no model names no coefficients to
+                // follow: the chain cannot be followed.
+                Err(EngineError::Shape(_)) => f32::INFINITY,
+                Err(e) => return Err(e),
+            });
         }
         *secs += t0.elapsed().as_secs_f64();
         Ok(Verdict {

@@ -75,22 +75,29 @@ impl Default for AuditConfig {
 }
 
 /// How far a revealed momentum is from the `expected` one its previous
-/// revealed momentum leads to: ‖revealed − expected‖ / ‖expected‖ (∞ when
-/// the shapes differ).
-pub fn chain_error(revealed: &[Vec<f32>], expected: &[Vec<f32>]) -> f32 {
-    let same_shape = revealed.len() == expected.len()
-        && revealed
-            .iter()
-            .zip(expected)
-            .all(|(a, b)| a.len() == b.len());
-    if !same_shape {
+/// revealed momentum leads to, in gradients of the replayed step:
+/// ‖revealed − expected‖ / ‖grads‖ (∞ when the shapes differ).
+///
+/// Measured against the momentum itself instead, a forger's error
+/// (`2‖g‖ / β‖m‖` for the sign-flip forgery) shrinks as its momentum grows
+/// over the steps, and fell under the bound: a forged chain passed at step
+/// 8 of the P2P test with 0.493 against 0.5. Against one step's gradient it
+/// stays near `2/β` however long the job runs, while an honest member's is
+/// rounding.
+pub fn chain_error(revealed: &[Vec<f32>], expected: &[Vec<f32>], grads: &[Vec<f32>]) -> f32 {
+    let same_shape = |x: &[Vec<f32>]| {
+        x.len() == expected.len() && x.iter().zip(expected).all(|(a, b)| a.len() == b.len())
+    };
+    if !same_shape(revealed) || !same_shape(grads) {
         return f32::INFINITY;
     }
-    let (mut diff, mut norm) = (0f64, 0f64);
-    for (a, b) in revealed.iter().flatten().zip(expected.iter().flatten()) {
-        diff += f64::from(a - b).powi(2);
-        norm += f64::from(*b).powi(2);
-    }
+    let diff: f64 = revealed
+        .iter()
+        .flatten()
+        .zip(expected.iter().flatten())
+        .map(|(a, b)| f64::from(a - b).powi(2))
+        .sum();
+    let norm: f64 = grads.iter().flatten().map(|g| f64::from(*g).powi(2)).sum();
     if norm == 0.0 {
         return if diff == 0.0 { 0.0 } else { f32::INFINITY };
     }
@@ -260,11 +267,21 @@ pub struct Screen {
     pub agreement: f32,
     /// Byte-identical to another payload of the step or to one in `recent`.
     pub duplicate: bool,
+    /// The step had too few payloads to judge support and agreement.
+    pub unjudged: bool,
 }
 
 impl Screen {
+    /// Judged bad: the payload loses its vote, and every auditor audits it.
     pub fn flagged(&self, cfg: &AuditConfig) -> bool {
         self.duplicate || self.support < cfg.screen_support || self.agreement < cfg.screen_agreement
+    }
+
+    /// Audited by every auditor: flagged, or in a step too small to screen
+    /// (so a leader cannot dodge the screen by listing few payloads). An
+    /// unjudged payload keeps its vote.
+    pub fn needs_audit(&self, cfg: &AuditConfig) -> bool {
+        self.unjudged || self.flagged(cfg)
     }
 }
 
@@ -324,11 +341,13 @@ pub fn screen(layout: &Layout, payloads: &[&Payload], recent: &[[u8; 32]]) -> Ve
     }
     // With fewer than three payloads there is no majority to be judged
     // against: a lone honest payload would look like garbage. Only copies
-    // are flagged then (random audits still apply).
+    // are flagged then, and every payload is audited instead
+    // (`Screen::needs_audit`).
     if payloads.len() < MIN_SCREENED {
         for s in out.iter_mut() {
             s.support = 1.0;
             s.agreement = 1.0;
+            s.unjudged = true;
         }
         return out;
     }
@@ -366,13 +385,47 @@ mod tests {
     }
 
     #[test]
-    fn chain_error_is_relative_and_refuses_other_shapes() {
+    fn chain_error_is_in_gradients_of_the_step_and_refuses_other_shapes() {
         let expected = vec![vec![3.0, 4.0], vec![0.0]];
-        assert_eq!(chain_error(&expected, &expected), 0.0);
+        let grads = vec![vec![0.0, 5.0], vec![0.0]];
+        assert_eq!(chain_error(&expected, &expected, &grads), 0.0);
         let off = vec![vec![3.0, 4.5], vec![0.0]];
-        assert!((chain_error(&off, &expected) - 0.1).abs() < 1e-6);
-        assert_eq!(chain_error(&[vec![3.0, 4.0]], &expected), f32::INFINITY);
-        assert_eq!(chain_error(&[vec![1.0]], &[vec![0.0]]), f32::INFINITY);
+        assert!((chain_error(&off, &expected, &grads) - 0.1).abs() < 1e-6);
+        assert_eq!(
+            chain_error(&[vec![3.0, 4.0]], &expected, &grads),
+            f32::INFINITY
+        );
+        assert_eq!(
+            chain_error(&expected, &expected, &[vec![1.0]]),
+            f32::INFINITY
+        );
+        assert_eq!(
+            chain_error(&[vec![1.0]], &[vec![0.0]], &[vec![0.0]]),
+            f32::INFINITY
+        );
+    }
+
+    #[test]
+    fn a_forged_chain_stays_two_gradients_off_however_large_the_momentum_grew() {
+        // The sign-flip forgery reveals m' = -m - 2g/β at every step, so the
+        // witness expects -m from the forged momentum before and sees
+        // 2g/β more. The longer a job runs, the larger m is against g.
+        let beta = 0.9f32;
+        let g = vec![vec![0.1f32, -0.2, 0.05]];
+        for scale in [1.0f32, 10.0, 1000.0] {
+            let m: Vec<Vec<f32>> = vec![vec![1.0 * scale, 0.5 * scale, -2.0 * scale]];
+            let expected: Vec<Vec<f32>> = vec![m[0].iter().map(|x| -x).collect()];
+            let revealed: Vec<Vec<f32>> = vec![
+                expected[0]
+                    .iter()
+                    .zip(&g[0])
+                    .map(|(e, g)| e - 2.0 * g / beta)
+                    .collect(),
+            ];
+            let err = chain_error(&revealed, &expected, &g);
+            assert!((err - 2.0 / beta).abs() < 1e-3, "{err} at scale {scale}");
+            assert!(err > AuditConfig::default().max_chain_error);
+        }
     }
 
     fn payload(idx: &[u16], neg: &[bool]) -> Payload {
@@ -445,5 +498,26 @@ mod tests {
         assert!(pair.iter().all(|s| !s.flagged(&cfg)), "{pair:?}");
         let copies = screen(&l, &[&honest[0], &copy], &[]);
         assert!(copies.iter().all(|s| s.duplicate));
+        assert!(s.iter().all(|s| !s.unjudged));
+    }
+
+    #[test]
+    fn a_step_too_small_to_screen_is_audited_in_full_and_keeps_its_votes() {
+        let l = layout();
+        let cfg = AuditConfig::default();
+        let honest = payload(&[1, 2, 3, 4], &[false, false, true, true]);
+        let garbage = payload(&[100, 150, 200, 250], &[false, true, false, true]);
+        for few in [vec![&garbage], vec![&honest, &garbage]] {
+            let st = screen_step(&l, &few, &[], &cfg);
+            assert!(st.screens.iter().all(|s| s.needs_audit(&cfg)), "{st:?}");
+            assert!(st.weights.iter().all(|w| *w == 1), "{st:?}");
+        }
+        let three = [
+            honest.clone(),
+            payload(&[1, 2, 3, 5], &[false, false, true, false]),
+            payload(&[1, 2, 4, 5], &[false, false, true, false]),
+        ];
+        let st = screen_step(&l, &three.iter().collect::<Vec<_>>(), &[], &cfg);
+        assert!(st.screens.iter().all(|s| !s.needs_audit(&cfg)), "{st:?}");
     }
 }

@@ -176,6 +176,63 @@ impl Compressor {
     }
 }
 
+impl Compressor {
+    /// The momentum a member holds after a step in which it folded `grads`
+    /// in and sent `sent`: the coefficients `sent` names are removed, not
+    /// the top-k of this fold. The witness side of a momentum chain check.
+    ///
+    /// Why not re-run the top-k: a coefficient near the k-th largest can
+    /// rank on either side of it under another machine's rounding, and
+    /// each such flip leaves a whole coefficient in one momentum and not
+    /// in the other. The member's payload is public and was audited; it
+    /// says which coefficients left its momentum.
+    pub fn fold_and_remove(
+        &mut self,
+        layout: &Layout,
+        grads: &[Vec<f32>],
+        sent: &Payload,
+    ) -> Result<(), EngineError> {
+        sent.validate(layout)?;
+        if grads.len() != self.momentum.len()
+            || grads
+                .iter()
+                .zip(&self.momentum)
+                .any(|(g, m)| g.len() != m.len())
+        {
+            return Err(EngineError::Shape(
+                "gradients do not match the momentum".into(),
+            ));
+        }
+        let decay = self.cfg.decay;
+        grads
+            .par_iter()
+            .zip(self.momentum.par_iter_mut())
+            .zip(&sent.params)
+            .enumerate()
+            .for_each(|(p, ((g, m), s))| {
+                remove_param(&layout.dcts[p], layout.topk[p], decay, m, g, &s.idx)
+            });
+        Ok(())
+    }
+}
+
+/// [`compress_param`]'s fold and error feedback, removing the given
+/// coefficients (`k` per chunk) instead of the largest.
+fn remove_param(dct: &Dct, k: usize, decay: f32, m: &mut [f32], g: &[f32], idx: &[u16]) {
+    for (mi, gi) in m.iter_mut().zip(g) {
+        *mi = decay * *mi + gi;
+    }
+    let size = dct.tiling.chunk_size();
+    let mut coef = vec![0f32; size];
+    let mut tmp = Vec::new();
+    for (ch, kept) in idx.chunks(k).enumerate() {
+        dct.forward_chunk(m, ch, &mut coef, &mut tmp);
+        for &i in kept {
+            dct.add_basis(m, ch, i as usize, -coef[i as usize]);
+        }
+    }
+}
+
 /// Momentum update, top-k extraction and error feedback for one parameter.
 fn compress_param(dct: &Dct, k: usize, decay: f32, m: &mut [f32], g: &[f32]) -> SparseSigns {
     for (mi, gi) in m.iter_mut().zip(g) {
@@ -309,15 +366,20 @@ mod tests {
         out
     }
 
-    #[test]
-    fn compressor_matches_the_naive_reference() {
-        let shapes = vec![vec![128, 64], vec![64], vec![96, 40]];
-        let cfg = CompressConfig {
+    /// Chunks of 32 coefficients, 5 kept, β = 0.9.
+    fn small_chunks() -> CompressConfig {
+        CompressConfig {
             max_chunk: 32,
             topk: 5,
             decay: 0.9,
             decode: Decode::Sign,
-        };
+        }
+    }
+
+    #[test]
+    fn compressor_matches_the_naive_reference() {
+        let shapes = vec![vec![128, 64], vec![64], vec![96, 40]];
+        let cfg = small_chunks();
         let layout = Layout::new(&shapes, &cfg);
         let mut c = Compressor::new(&layout, cfg);
         let mut reference: Vec<Vec<f32>> = c.momentum.clone();
@@ -341,6 +403,77 @@ mod tests {
                 assert!(err < 1e-4, "momentum drift {err}");
             }
         }
+    }
+
+    /// The chain check's replay: removing the coefficients a member sent
+    /// gives its momentum bit for bit, and under another machine's rounding
+    /// (here 1% noise on every gradient, far more) stays within the noise,
+    /// where re-running the top-k flips coefficients near the k-th largest
+    /// and leaves whole ones behind.
+    #[test]
+    fn removing_the_sent_coefficients_gives_the_members_momentum_and_no_rank_flips() {
+        // Thousands of chunks, so some k-th and (k+1)-th coefficients lie
+        // closer than the noise moves them.
+        let shapes = vec![vec![512, 256], vec![96, 40]];
+        let cfg = small_chunks();
+        let layout = Layout::new(&shapes, &cfg);
+        let grads = |seed: u64| -> Vec<Vec<f32>> {
+            (0..2)
+                .map(|p| crate::dct::test_values(layout.numel(p), seed + p as u64))
+                .collect()
+        };
+        // A momentum grown over many steps: much larger than one gradient.
+        let mut member = Compressor::new(&layout, cfg);
+        for (p, m) in member.momentum.iter_mut().enumerate() {
+            *m = crate::dct::test_values(m.len(), 100 + p as u64)
+                .iter()
+                .map(|v| 20.0 * v)
+                .collect();
+        }
+        let before = member.momentum.clone();
+        let g = grads(7);
+        let sent = member.compress(&layout, &g).unwrap();
+        let mut replay = Compressor {
+            cfg,
+            momentum: before.clone(),
+        };
+        replay.fold_and_remove(&layout, &g, &sent).unwrap();
+        assert_eq!(replay.momentum, member.momentum, "not bit for bit");
+
+        let noisy: Vec<Vec<f32>> = g
+            .iter()
+            .enumerate()
+            .map(|(p, v)| {
+                let u = crate::dct::test_values(v.len(), 300 + p as u64);
+                let scale = u.iter().fold(0f32, |a, x| a.max(x.abs()));
+                v.iter()
+                    .zip(&u)
+                    .map(|(x, e)| x * (1.0 + 0.01 * e / scale))
+                    .collect()
+            })
+            .collect();
+        let mut followed = Compressor {
+            cfg,
+            momentum: before.clone(),
+        };
+        followed.fold_and_remove(&layout, &noisy, &sent).unwrap();
+        let mut reranked = Compressor {
+            cfg,
+            momentum: before,
+        };
+        reranked.compress(&layout, &noisy).unwrap();
+        let err = |m: &[Vec<f32>]| crate::audit::chain_error(&member.momentum, m, &g);
+        let (follow, rerank) = (err(&followed.momentum), err(&reranked.momentum));
+        eprintln!("chain error under 1% noise: following {follow:.5}, re-ranking {rerank:.5}");
+        assert!(follow < 0.02, "{follow}");
+        assert!(
+            rerank > 10.0 * follow,
+            "re-ranking {rerank}, following {follow}"
+        );
+        // A payload for another model is refused.
+        let mut wrong = sent.clone();
+        wrong.params.pop();
+        assert!(followed.fold_and_remove(&layout, &g, &wrong).is_err());
     }
 
     #[test]
@@ -398,6 +531,23 @@ mod tests {
         };
         let d = aggregate(&layout, &[(&only, 3)], Decode::Sign);
         assert!(d[0][0] < 0.0);
+        // The majority's sign wins each coefficient, by weight as by count;
+        // a tie cancels.
+        let up = Payload {
+            params: vec![SparseSigns {
+                idx: vec![0, 1, 2, 3],
+                neg: vec![false; 4],
+            }],
+        };
+        let alone = aggregate(&layout, &[(&up, 1)], Decode::Sign);
+        let flipped: Vec<f32> = alone[0].iter().map(|v| -v).collect();
+        assert!(alone[0].iter().any(|v| *v != 0.0));
+        let two_to_one = aggregate(&layout, &[(&up, 1), (&only, 1), (&up, 1)], Decode::Sign);
+        assert_eq!(two_to_one, alone);
+        let outweighed = aggregate(&layout, &[(&up, 1), (&only, 2)], Decode::Sign);
+        assert_eq!(outweighed[0], flipped);
+        let tie = aggregate(&layout, &[(&up, 1), (&only, 1)], Decode::Sign);
+        assert!(tie[0].iter().all(|v| *v == 0.0));
     }
 
     #[test]

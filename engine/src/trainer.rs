@@ -189,6 +189,23 @@ impl Trainer {
         Ok((p, c.momentum))
     }
 
+    /// The momentum a member with `momentum` holds after folding `grads` in
+    /// and sending `sent` ([`Compressor::fold_and_remove`]): what a chain
+    /// check expects its next revealed momentum to be.
+    pub fn follow_from(
+        &self,
+        momentum: &[Vec<f32>],
+        grads: &[Vec<f32>],
+        sent: &crate::compress::Payload,
+    ) -> Result<Vec<Vec<f32>>, EngineError> {
+        let mut c = Compressor {
+            cfg: self.cfg.compress,
+            momentum: momentum.to_vec(),
+        };
+        c.fold_and_remove(&self.layout, grads, sent)?;
+        Ok(c.momentum)
+    }
+
     /// The momentum decay (β) this job compresses with.
     pub fn decay(&self) -> f32 {
         self.cfg.compress.decay
@@ -305,6 +322,9 @@ impl Trainer {
             member: self.id.member,
             train_loss: loss,
             momentum_hash,
+            // The network node names the shared state; the trainer does
+            // not know the screen's part of it.
+            basis: [0; 32],
             payload,
         };
         Ok((

@@ -1,11 +1,11 @@
-//! Wire format of a contribution, version 2. Little-endian; every size exact.
+//! Wire format of a contribution, version 3. Little-endian; every size exact.
 //!
 //! ```text
 //! signed       := contribution | ed25519 signature [64] by `member` over
-//!                 "cohort-contribution-v2" | contribution
+//!                 "cohort-contribution-v3" | contribution
 //! contribution := magic "CHC" | version u8 | job [32] | epoch u32 | step u32
 //!                 | member [32] | train_loss f32 | momentum_hash [32]
-//!                 | payload_len u32 | payload
+//!                 | basis [32] | payload_len u32 | payload
 //! payload      := param_count u16 | per parameter:
 //!                   chunks u32 | chunk_size u16 | k u8
 //!                   | ceil(chunks * k * (index_bits + 1) / 8) bytes of
@@ -15,20 +15,23 @@
 //! for another shape is refused rather than misread. Members exchange the
 //! signed form: a step leader can list bytes under a member's name only if
 //! that member signed them, so it cannot get an honest member audited (and
-//! slashed) on garbage of its own making.
+//! slashed) on garbage of its own making. `basis` names the shared state the
+//! contribution was computed on, so nobody applies (or audits) it on
+//! another: after a rewind, an honest member's contribution computed on the
+//! abandoned history is skipped, never recomputed on weights it did not see.
 
 use crate::compress::{Layout, Payload, SparseSigns};
 use crate::error::EngineError;
 use cohort_program::codec::Reader;
 use libp2p::identity::ed25519;
 
-pub const VERSION: u8 = 2;
+pub const VERSION: u8 = 3;
 /// Bytes the signature adds to a signed contribution.
 pub const SIGNATURE_LEN: usize = 64;
-const SIGN_DOMAIN: &[u8] = b"cohort-contribution-v2";
+const SIGN_DOMAIN: &[u8] = b"cohort-contribution-v3";
 const MAGIC: &[u8; 3] = b"CHC";
 /// Bytes of a contribution before its payload.
-pub const HEADER_LEN: usize = 3 + 1 + 32 + 4 + 4 + 32 + 4 + 32 + 4;
+pub const HEADER_LEN: usize = 3 + 1 + 32 + 4 + 4 + 32 + 4 + 32 + 32 + 4;
 
 /// A member's contribution for one step, as sent and as committed to.
 #[derive(Debug, Clone, PartialEq)]
@@ -40,6 +43,9 @@ pub struct Contribution {
     pub train_loss: f32,
     /// Hash of the member's momentum before this step (for audits).
     pub momentum_hash: [u8; 32],
+    /// Hash of the shared state it was computed on (zeros where there is
+    /// only one history, as in the arena).
+    pub basis: [u8; 32],
     pub payload: Payload,
 }
 
@@ -173,6 +179,7 @@ impl Contribution {
         out.extend_from_slice(&self.member);
         out.extend_from_slice(&self.train_loss.to_le_bytes());
         out.extend_from_slice(&self.momentum_hash);
+        out.extend_from_slice(&self.basis);
         out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
         out.extend_from_slice(&payload);
         out
@@ -227,6 +234,7 @@ impl Contribution {
             return Err(EngineError::NonFinite("reported training loss".into()));
         }
         let momentum_hash = c.array()?;
+        let basis = c.array()?;
         let len = c.u32()? as usize;
         let payload = decode_payload(c.bytes(len)?, layout)?;
         trailing(&c)?;
@@ -237,6 +245,7 @@ impl Contribution {
             member,
             train_loss,
             momentum_hash,
+            basis,
             payload,
         })
     }
@@ -266,6 +275,7 @@ mod tests {
             member: [3; 32],
             train_loss: 2.5,
             momentum_hash: [4; 32],
+            basis: [5; 32],
             payload,
         };
         (layout, contribution)

@@ -198,7 +198,7 @@ fn an_equivocating_leader_is_caught_and_splits_nobody() {
 /// and again with 1% noise on every recomputed gradient (far more than
 /// rounding differs between GPUs): nobody is accused.
 #[test]
-fn honest_members_audited_on_other_hardware_are_never_accused() {
+fn honest_members_audited_by_a_witness_that_computes_differently_are_never_accused() {
     let (engine, micro, label) = match backend::select(backend::BackendChoice::Wgpu) {
         Ok(s) if s.engine.kind() == BackendKind::Wgpu => (s.engine, 8, "wgpu"),
         _ => (

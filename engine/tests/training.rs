@@ -68,7 +68,7 @@ fn other_engine() -> (Box<dyn GradientEngine>, usize, &'static str) {
 }
 
 #[test]
-fn members_applying_the_same_contributions_are_bit_identical_across_backends() {
+fn members_whose_gradients_differ_in_the_last_bits_apply_bit_identical_updates() {
     let cfg = TrainConfig::small(10);
     let (engine_b, micro_b, label) = other_engine();
     eprintln!("second member computes on {label}");

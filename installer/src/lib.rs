@@ -50,9 +50,55 @@ pub fn read_config(root: &Path) -> Result<Config> {
 }
 
 /// Bundles `binary` (the built `cohort`) into `formats`; the packages
-/// written. The bundler works in `binary`'s folder and writes under its
-/// `bundle/`.
+/// written, under `bundle/` beside `binary`.
+///
+/// The bundler rewrites its input binary in place for each format (it
+/// patches in the bundle type, then truncates and restores the file), and
+/// Linux refuses to open a running executable for writing ("Text file
+/// busy"). So it is handed a private copy in a staging folder, never the
+/// `binary` that other processes (a running node, a parallel test) may be
+/// executing, and the packages are moved out of the staging folder after.
 pub fn package(root: &Path, binary: &Path, formats: Vec<PackageType>) -> Result<Vec<PathBuf>> {
+    let out_dir = binary.parent().context("binary path has no folder")?;
+    let file = binary.file_name().context("binary path has no file name")?;
+    let bundle_dir = out_dir.join("bundle");
+    std::fs::create_dir_all(&bundle_dir)
+        .with_context(|| format!("creating {}", bundle_dir.display()))?;
+    let stage = tempfile::Builder::new()
+        .prefix(".stage-")
+        .tempdir_in(&bundle_dir)
+        .with_context(|| format!("creating a staging folder in {}", bundle_dir.display()))?;
+    let copy = stage.path().join(file);
+    std::fs::copy(binary, &copy)
+        .with_context(|| format!("copying {} to {}", binary.display(), copy.display()))?;
+    let staged = bundle_in(root, &copy, formats)?;
+    let staged_bundles = stage.path().join("bundle");
+    let mut written = Vec::new();
+    for p in staged {
+        let rel = p.strip_prefix(&staged_bundles).with_context(|| {
+            format!(
+                "the bundler wrote {} outside {}",
+                p.display(),
+                staged_bundles.display()
+            )
+        })?;
+        let to = bundle_dir.join(rel);
+        if let Some(parent) = to.parent() {
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("creating {}", parent.display()))?;
+        }
+        if to.is_dir() {
+            std::fs::remove_dir_all(&to).with_context(|| format!("replacing {}", to.display()))?;
+        }
+        std::fs::rename(&p, &to)
+            .with_context(|| format!("moving {} to {}", p.display(), to.display()))?;
+        written.push(to);
+    }
+    Ok(written)
+}
+
+/// Runs the bundler on `binary`, which it may rewrite, in `binary`'s folder.
+fn bundle_in(root: &Path, binary: &Path, formats: Vec<PackageType>) -> Result<Vec<PathBuf>> {
     let conf = read_config(root)?;
     let version = conf
         .version

@@ -40,6 +40,10 @@ pub(crate) struct Target {
     pub(crate) previous: Option<[u8; 32]>,
 }
 
+/// A member's momentum hash at one step, and the payload it sent then:
+/// what the chain check of its next step follows.
+type Commitment = ([u8; 32], Payload);
+
 /// One side of an audit that is still downloading.
 enum Wait<T> {
     Pending,
@@ -49,12 +53,19 @@ enum Wait<T> {
 /// A contribution drawn for audit, waiting for what its author reveals.
 struct Awaited {
     c: Contribution,
-    /// Why it is audited: the screen (a refusal then fails the audit), or
-    /// a coin's draw.
+    /// Why it is audited: the screen, or a coin's draw.
     ground: Ground,
+    /// The screen flagged it: a refusal to reveal then fails the audit. Not
+    /// so for a payload audited only because its step was too small to
+    /// screen, or drawn by a coin: an honest member that restarted has
+    /// lost its momenta.
+    refusal_fails: bool,
     own: Wait<Revealed>,
     /// The momentum committed at the step before, for the chain check.
     previous: Option<Wait<Revealed>>,
+    /// The payload sent at the step before: the coefficients that left the
+    /// momentum then, which the chain check removes.
+    previous_sent: Option<Payload>,
 }
 
 /// The training thread's side of proof of contribution: the screen's
@@ -82,8 +93,13 @@ pub(crate) struct Guard {
     /// steps, only those it is an auditor of).
     kept: BTreeMap<u32, BTreeMap<u32, Contribution>>,
     /// Each member's momentum commitment per recent step (witnesses only):
-    /// what a chain check fetches the previous momentum against.
-    commitments: BTreeMap<u32, BTreeMap<u32, [u8; 32]>>,
+    /// what a chain check fetches the previous momentum against, with the
+    /// payload sent then. Every member's: who audits the next step is known
+    /// only then (a slashed witness reshuffles the auditors). A payload is a
+    /// small fraction of the weights kept beside it (`weights_at`: for a
+    /// billion parameters, 4 GB a step against ~3 MB a member at the
+    /// default 4 of 4,096 coefficients).
+    commitments: BTreeMap<u32, BTreeMap<u32, Commitment>>,
 }
 
 impl Guard {
@@ -114,23 +130,13 @@ impl Guard {
         self.kept.retain(|s, _| *s < t.step());
         self.commitments.retain(|s, _| *s < t.step());
         self.weights_at.insert(t.step(), t.params().clone());
-        // A pending audit pins the weights it recomputes on: a witness that
-        // falls behind audits late, it never drops the audit.
-        let pinned = self.pinned();
-        while self.weights_at.len() > KEEP_WEIGHTS {
-            let Some(old) = self
-                .weights_at
-                .keys()
-                .find(|s| !pinned.contains(s))
-                .copied()
-            else {
-                break;
-            };
-            if Some(&old) == self.weights_at.keys().next_back() {
-                break;
-            }
-            self.weights_at.remove(&old);
-        }
+        // The newest `KEEP_WEIGHTS` steps stay (an audit of any of them may
+        // still open), and so do older ones a pending audit pins: a witness
+        // that falls behind audits late, it never drops the audit. (Evicting
+        // the oldest unpinned step instead dropped recent weights whenever
+        // many old audits were pending, and audits opened next were skipped.)
+        let keep = kept_weights(self.weights_at.keys().copied(), &self.pinned());
+        self.weights_at.retain(|s, _| keep.contains(s));
     }
 
     /// Weight states that audits still waiting for momenta will recompute
@@ -181,14 +187,12 @@ impl Guard {
         if !self.witness {
             return Vec::new();
         }
-        self.commitments.insert(
-            step,
-            members
-                .iter()
-                .zip(cs)
-                .map(|(m, c)| (*m, c.momentum_hash))
-                .collect(),
-        );
+        let entries: BTreeMap<u32, Commitment> = members
+            .iter()
+            .zip(cs)
+            .map(|(m, c)| (*m, (c.momentum_hash, c.payload.clone())))
+            .collect();
+        self.commitments.insert(step, entries);
         while self.commitments.len() > KEEP_WEIGHTS {
             self.commitments.pop_first();
         }
@@ -203,10 +207,11 @@ impl Guard {
                 continue;
             }
             let flagged = screen.flagged(&self.policy.audit);
+            let certain = screen.needs_audit(&self.policy.audit);
             let signer = &self.signer;
             let duty = self
                 .policy
-                .duty(self.me, step, *member, hash, flagged, |m| {
+                .duty(self.me, step, *member, hash, certain, |m| {
                     signature(signer, m)
                 });
             self.kept
@@ -214,7 +219,7 @@ impl Guard {
                 .or_default()
                 .insert(*member, c.clone());
             if let Duty::Audit { chained, ground } = duty
-                && let Some(t) = self.open(step, *member, c.clone(), ground, chained)
+                && let Some(t) = self.open(step, *member, c.clone(), ground, chained, flagged)
             {
                 out.push(t);
             }
@@ -244,7 +249,7 @@ impl Guard {
         if !self.policy.drawn_by(by, key, step, member, &hash, &coin) {
             return None;
         }
-        self.open(step, member, c, Ground::Drawn { by, coin }, true)
+        self.open(step, member, c, Ground::Drawn { by, coin }, true, false)
     }
 
     fn open(
@@ -254,22 +259,28 @@ impl Guard {
         c: Contribution,
         ground: Ground,
         chained: bool,
+        refusal_fails: bool,
     ) -> Option<Target> {
         if !self.opened.insert((step, member)) {
             return None;
         }
-        let previous = step
+        // The chain is followed from the momentum committed at the step
+        // before and the payload sent then.
+        let (previous, previous_sent) = step
             .checked_sub(1)
             .filter(|_| chained)
-            .and_then(|s| self.commitments.get(&s)?.get(&member).copied());
+            .and_then(|s| self.commitments.get(&s)?.get(&member).cloned())
+            .unzip();
         let hash = c.momentum_hash;
         self.awaiting.insert(
             (step, member),
             Awaited {
                 c,
                 ground,
+                refusal_fails,
                 own: Wait::Pending,
                 previous: previous.map(|_| Wait::Pending),
+                previous_sent,
             },
         );
         Some(Target {
@@ -335,10 +346,12 @@ impl Guard {
         let Awaited {
             c,
             ground,
+            refusal_fails,
             own,
             previous,
+            previous_sent,
         } = a;
-        let targeted = ground == Ground::Screened;
+        let targeted = refusal_fails;
         let Wait::Done(own) = own else {
             return Ok(None);
         };
@@ -369,11 +382,10 @@ impl Guard {
             secs: 0.0,
             evidence,
         };
-        let revealed = match own {
-            Revealed::Momentum(m) => audit::decode_momentum(&m, trainer.momentum()),
-            Revealed::Unreachable => return Ok(None),
-            Revealed::Refused if !targeted => return Ok(None),
-            Revealed::Lied | Revealed::Refused => None,
+        let revealed = match judge(&own, refusal_fails) {
+            Judged::Check(m) => audit::decode_momentum(m, trainer.momentum()),
+            Judged::Fails => None,
+            Judged::Undecided => return Ok(None),
         };
         let Some(revealed) = revealed else {
             return Ok(Some(withheld));
@@ -392,21 +404,37 @@ impl Guard {
         // then, on the weights it was computed on; this one must follow.
         let before = step.wrapping_sub(1);
         let chain_weights = self.weights_at.get(&before.saturating_sub(1));
-        match (report.passed, previous, chain_weights) {
-            (true, Some(Wait::Done(Revealed::Momentum(m))), Some(w)) => {
-                if let Some(prev) = audit::decode_momentum(&m, trainer.momentum()) {
-                    let (_, expected) = trainer
-                        .replay_on(w, &cfg.seed, cfg.epoch, before, member, &prev)
-                        .map_err(|e| e.to_string())?;
-                    let err = audit::chain_error(&revealed, &expected);
-                    report.chain_error = Some(err);
-                    report.passed = err <= self.policy.audit.max_chain_error;
-                }
+        let previous = match previous {
+            Some(Wait::Done(r)) if report.passed => Some(r),
+            _ => None,
+        };
+        let judged = previous
+            .as_ref()
+            .map_or(Judged::Undecided, |r| judge(r, refusal_fails));
+        match (judged, chain_weights, previous_sent) {
+            (Judged::Check(m), Some(w), Some(sent)) => {
+                let prev = audit::decode_momentum(m, trainer.momentum());
+                let err = match prev {
+                    Some(prev) => {
+                        let (_, grads) = trainer
+                            .member_gradients_on(w, &cfg.seed, cfg.epoch, before, member)
+                            .map_err(|e| e.to_string())?;
+                        // Applied payloads fit the model; one that does not
+                        // names no coefficients to follow.
+                        match trainer.follow_from(&prev, &grads, &sent) {
+                            Ok(expected) => audit::chain_error(&revealed, &expected, &grads),
+                            Err(_) => f32::INFINITY,
+                        }
+                    }
+                    None => f32::INFINITY,
+                };
+                report.chain_error = Some(err);
+                report.passed = err <= self.policy.audit.max_chain_error;
             }
-            // Lying about, or withholding, a signed commitment of a flagged
-            // payload's history is as bad as withholding its own: the chain
-            // cannot be followed.
-            (true, Some(Wait::Done(Revealed::Lied | Revealed::Refused)), _) => {
+            // Lying about a signed commitment of the payload's history (or
+            // withholding a flagged payload's) is as bad as withholding its
+            // own: the chain cannot be followed.
+            (Judged::Fails, _, _) => {
                 report.chain_error = Some(f32::INFINITY);
                 report.passed = false;
             }
@@ -414,5 +442,85 @@ impl Guard {
         }
         report.secs = t0.elapsed().as_secs_f64();
         Ok(Some(report))
+    }
+}
+
+/// What an audit does with what a member revealed.
+#[derive(Debug, PartialEq)]
+enum Judged<M> {
+    /// Recompute with this momentum.
+    Check(M),
+    /// The audit fails on the answer alone.
+    Fails,
+    /// Nothing is decided: the audit (or its chain check) is not run.
+    Undecided,
+}
+
+/// One rule for a contribution's own momentum and for the one committed
+/// the step before (the chain): a momentum that does not match its
+/// commitment always fails; a refusal fails only a payload the screen
+/// flagged, because an honest member that restarted has lost its momenta
+/// and answers without them; a member that cannot be reached is not
+/// judged (the network side has already waited for it).
+fn judge(r: &Revealed, refusal_fails: bool) -> Judged<&[u8]> {
+    match r {
+        Revealed::Momentum(m) => Judged::Check(m),
+        Revealed::Lied => Judged::Fails,
+        Revealed::Refused if refusal_fails => Judged::Fails,
+        Revealed::Refused | Revealed::Unreachable => Judged::Undecided,
+    }
+}
+
+/// The steps whose weights a witness keeps: the newest `KEEP_WEIGHTS`, and
+/// any older one a pending audit pins.
+fn kept_weights(
+    steps: impl DoubleEndedIterator<Item = u32>,
+    pinned: &BTreeSet<u32>,
+) -> BTreeSet<u32> {
+    let mut steps: Vec<u32> = steps.collect();
+    steps.sort_unstable();
+    let newest = steps.len().saturating_sub(KEEP_WEIGHTS);
+    steps
+        .iter()
+        .enumerate()
+        .filter(|(i, s)| *i >= newest || pinned.contains(s))
+        .map(|(_, s)| *s)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lie_fails_any_audit_and_a_refusal_fails_only_a_flagged_one() {
+        for flagged in [false, true] {
+            assert_eq!(judge(&Revealed::Lied, flagged), Judged::Fails);
+            assert_eq!(judge(&Revealed::Unreachable, flagged), Judged::Undecided);
+            assert_eq!(
+                judge(&Revealed::Momentum(vec![1, 2]), flagged),
+                Judged::Check(&[1u8, 2][..])
+            );
+        }
+        assert_eq!(judge(&Revealed::Refused, true), Judged::Fails);
+        assert_eq!(judge(&Revealed::Refused, false), Judged::Undecided);
+    }
+
+    #[test]
+    fn many_pending_old_audits_never_evict_the_newest_weights() {
+        let k = KEEP_WEIGHTS as u32;
+        let pinned: BTreeSet<u32> = (0..k).collect();
+        let kept = kept_weights(0..3 * k, &pinned);
+        for s in (0..k).chain(2 * k..3 * k) {
+            assert!(kept.contains(&s), "step {s} evicted: {kept:?}");
+        }
+        assert_eq!(kept.len(), 2 * KEEP_WEIGHTS, "{kept:?}");
+    }
+
+    #[test]
+    fn unpinned_old_weights_go_and_the_newest_stay() {
+        let kept = kept_weights(0..20, &BTreeSet::new());
+        assert_eq!(kept, (20 - KEEP_WEIGHTS as u32..20).collect());
+        assert_eq!(kept_weights(0..3, &BTreeSet::new()), (0..3).collect());
     }
 }

@@ -112,6 +112,11 @@ pub struct Heartbeat {
     /// Audits this member (a witness) has drawn and not yet decided: a
     /// finished member stays while a peer still audits it.
     pub auditing: u32,
+    /// The next step this member applies and its history id before it
+    /// (zeros while it syncs): a peer on another history asks it for its
+    /// manifests, so a fork is found even where no later manifest shows it.
+    pub chain_step: u32,
+    pub chain: [u8; 32],
 }
 
 /// A witness's signed statement that one contribution failed its audit.
@@ -254,6 +259,8 @@ fn body_bytes(body: &Body, out: &mut Vec<u8>) {
             out.extend_from_slice(&h.ready_from.to_le_bytes());
             out.extend_from_slice(&h.applied.to_le_bytes());
             out.extend_from_slice(&h.auditing.to_le_bytes());
+            out.extend_from_slice(&h.chain_step.to_le_bytes());
+            out.extend_from_slice(&h.chain);
         }
         Body::Accuse(a) => {
             out.extend_from_slice(&a.job);
@@ -359,6 +366,8 @@ fn parse_body(r: &mut Reader) -> Result<Body, cohort_program::codec::CodecError>
             ready_from: r.u32()?,
             applied: r.u32()?,
             auditing: r.u32()?,
+            chain_step: r.u32()?,
+            chain: r.array()?,
         }),
         4 => Body::Accuse(Accuse {
             job: r.array()?,
@@ -628,6 +637,8 @@ mod tests {
                 ready_from: 4,
                 applied: 3,
                 auditing: 1,
+                chain_step: 3,
+                chain: [6; 32],
             }),
             Body::Announce(Announce {
                 job: [7; 32],

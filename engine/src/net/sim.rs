@@ -189,7 +189,9 @@ pub fn simulate(cfg: &SimConfig, free_network: bool) -> SimResult {
                     .machine
                     .on_announce(d, &announce(step, from));
             }
-            Ev::Payload { hash, .. } => nodes[node as usize].machine.on_payload(d, hash),
+            Ev::Payload { hash, .. } => {
+                let _ = nodes[node as usize].machine.on_payload(d, hash);
+            }
             Ev::Manifest { idx, .. } => {
                 nodes[node as usize]
                     .machine

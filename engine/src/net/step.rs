@@ -206,6 +206,12 @@ pub struct StepMachine {
     slashed: BTreeSet<u32>,
     /// One past the epoch's last step: nothing at or after it is tracked.
     end: u32,
+    /// When this node last asked each member for its manifests because
+    /// that member's heartbeat showed another history.
+    fork_asked: BTreeMap<u32, Duration>,
+    /// Manifest requests queued by [`Self::on_peer_history`] for the next
+    /// poll.
+    asks: Vec<Action>,
 }
 
 impl StepMachine {
@@ -242,6 +248,8 @@ impl StepMachine {
             base: (start.unwrap_or(0), [0; 32]),
             slashed: BTreeSet::new(),
             end: u32::MAX,
+            fork_asked: BTreeMap::new(),
+            asks: Vec::new(),
         }
     }
 
@@ -394,13 +402,99 @@ impl StepMachine {
         self.on_announce(now, a);
     }
 
-    /// A payload arrived and matched its hash.
-    pub fn on_payload(&mut self, now: Duration, hash: [u8; 32]) {
+    /// A payload arrived and matched its hash. A manifest disqualified as
+    /// unservable whose payloads are now all held is whole again and takes
+    /// its rank back: "nobody could serve it" was this node's judgement
+    /// (timeouts on a loaded link), not a fact every node shares, and a node
+    /// that kept a worse manifest for good would split from the others for
+    /// good. Returns the step to rewind to when the restored manifest
+    /// outranks one this node already applied.
+    pub fn on_payload(&mut self, now: Duration, hash: [u8; 32]) -> Option<u32> {
         self.pending.remove(&hash);
         self.failed.remove(&hash);
         self.held.entry(hash).or_insert(now);
+        let held = &self.held;
+        let mut restored = Vec::new();
         for st in self.steps.values_mut() {
             st.missing.remove(&hash);
+            let whole: Vec<(u32, u8)> = st
+                .unservable
+                .iter()
+                .filter(|k| {
+                    st.by_leader
+                        .get(k)
+                        .and_then(|v| v.first())
+                        .is_some_and(|m| {
+                            m.entries.iter().any(|e| e.1 == hash)
+                                && m.entries.iter().all(|e| held.contains_key(&e.1))
+                        })
+                })
+                .copied()
+                .collect();
+            for k in whole {
+                st.unservable.remove(&k);
+                if let Some(m) = st.by_leader.get(&k).and_then(|v| v.first())
+                    && st.manifest.as_ref().is_none_or(|cur| m.rank() < cur.rank())
+                {
+                    restored.push(m.clone());
+                }
+            }
+        }
+        let mut rewind_to = None;
+        for m in restored {
+            let step = m.step;
+            if self.next_apply.is_some_and(|s| step < s) {
+                if step < self.base.0 {
+                    continue;
+                }
+                self.install(m);
+                self.rewind(step);
+                rewind_to = Some(rewind_to.map_or(step, |r: u32| r.min(step)));
+            } else {
+                self.install(m);
+            }
+        }
+        rewind_to
+    }
+
+    /// This node's history: the next step it applies and its history id
+    /// before it (what its heartbeat tells peers). None while syncing.
+    pub fn history(&self) -> Option<(u32, [u8; 32])> {
+        let next = self.next_apply?;
+        Some((next, self.chain_before(next)?))
+    }
+
+    /// Whether this node's history before `step` is `chain`.
+    pub fn agrees(&self, step: u32, chain: &[u8; 32]) -> bool {
+        self.chain_before(step).as_ref() == Some(chain)
+    }
+
+    /// A member's heartbeat says its history before `step` is `chain`. If
+    /// this node applied that far on another history, the two forked and
+    /// neither may learn of it from a later manifest (at the epoch's end
+    /// there is none; a manifest this node disqualified is not asked for
+    /// again): ask the member for its recent manifests, so whichever holds
+    /// the worse one rewinds. At most once per member per two seconds.
+    pub fn on_peer_history(&mut self, now: Duration, member: u32, step: u32, chain: [u8; 32]) {
+        if member == self.me || member >= self.n || step == 0 || self.slashed.contains(&member) {
+            return;
+        }
+        let Some(mine) = self.chain_before(step) else {
+            return;
+        };
+        if mine == chain
+            || self
+                .fork_asked
+                .get(&member)
+                .is_some_and(|t| now < *t + self.timing.retry * 4)
+        {
+            return;
+        }
+        self.fork_asked.insert(member, now);
+        let from = step.saturating_sub(KEEP).max(self.base.0);
+        for step in from..step {
+            self.asks
+                .push(Action::RequestManifest { step, from: member });
         }
     }
 
@@ -686,7 +780,7 @@ impl StepMachine {
 
     /// What to do now. Call after every event and at [`Self::next_deadline`].
     pub fn poll(&mut self, now: Duration) -> Vec<Action> {
-        let mut out = Vec::new();
+        let mut out = std::mem::take(&mut self.asks);
         self.lead(now, &mut out);
         // Deliver in order.
         while let Some(next) = self.next_apply {
@@ -1507,12 +1601,9 @@ mod tests {
         assert!(m.steps.len() <= 2 * STEP_WINDOW as usize);
     }
 
-    #[test]
-    fn a_manifest_listing_a_payload_nobody_can_serve_is_replaced_by_a_fall_back() {
-        let mut m = machines(3).remove(0);
-        m.on_applied(0, [0; 32]);
-        let (l0, l1) = (m.leader(0, 0), m.leader(0, 1));
-        let manifest = |attempt: u8, leader: u32, hash: u8| Manifest {
+    /// Step 0's manifest at `attempt`, listing only its leader's payload.
+    fn lone(attempt: u8, leader: u32, hash: u8) -> Manifest {
+        Manifest {
             job: [1; 32],
             epoch: 0,
             step: 0,
@@ -1521,8 +1612,15 @@ mod tests {
             state_hash: [0; 32],
             parent: [0; 32],
             entries: vec![(leader, [hash; 32])],
-        };
-        let stuck = manifest(0, l0, 0xEE);
+        }
+    }
+
+    #[test]
+    fn a_manifest_listing_a_payload_nobody_can_serve_is_replaced_by_a_fall_back() {
+        let mut m = machines(3).remove(0);
+        m.on_applied(0, [0; 32]);
+        let (l0, l1) = (m.leader(0, 0), m.leader(0, 1));
+        let stuck = lone(0, l0, 0xEE);
         assert_eq!(m.on_manifest(MS, stuck.clone()), Verdict::Accepted);
         // Author, leader and the third member each fail to serve it.
         for _ in 0..3 {
@@ -1536,10 +1634,83 @@ mod tests {
         );
         // Nothing outranks attempt 0, yet the fall-back takes the step and
         // the stuck manifest, sent again, changes nothing.
-        let fallback = manifest(1, l1, 0x11);
+        let fallback = lone(1, l1, 0x11);
         assert_eq!(m.on_manifest(MS, fallback.clone()), Verdict::Accepted);
         assert_eq!(m.on_manifest(MS, stuck), Verdict::Stale);
         assert_eq!(m.manifest(0), Some(&fallback));
+    }
+
+    #[test]
+    fn a_manifest_given_up_as_unservable_takes_its_step_back_once_its_payload_arrives() {
+        let mut m = machines(3).remove(0);
+        m.on_applied(0, [0; 32]);
+        let (l0, l1) = (m.leader(0, 0), m.leader(0, 1));
+        // Every member timed out serving the leader's payload (a loaded
+        // link, not a missing payload), so the fall-back's was applied.
+        let slow = lone(0, l0, 0xEE);
+        m.on_manifest(MS, slow.clone());
+        for _ in 0..3 {
+            m.on_fetch_failed([0xEE; 32]);
+        }
+        let fallback = lone(1, l1, 0x11);
+        m.on_manifest(MS, fallback.clone());
+        assert_eq!(m.on_payload(MS, [0x11; 32]), None);
+        let slow_fetched = |acts: &[Action]| {
+            acts.iter()
+                .any(|a| matches!(a, Action::Fetch { hash, .. } if *hash == [0xEE; 32]))
+        };
+        let acts = m.poll(MS);
+        assert_eq!(applied(&acts), vec![(fallback, true)]);
+        // Its payload is still asked for after each failure, and it comes
+        // after all: the better manifest takes the step back, as on every
+        // node that got it.
+        assert!(
+            slow_fetched(&acts),
+            "the slow payload is no longer asked for"
+        );
+        m.on_fetch_failed([0xEE; 32]);
+        assert!(slow_fetched(&m.poll(Duration::from_secs(1))));
+        let t = Duration::from_secs(2);
+        assert_eq!(m.on_payload(t, [0xEE; 32]), Some(0));
+        assert_eq!(m.manifest(0), Some(&slow));
+        assert_eq!(applied(&m.poll(t)), vec![(slow, true)]);
+    }
+
+    #[test]
+    fn a_peer_whose_heartbeat_shows_another_history_is_asked_for_its_manifests() {
+        let mut ms = machines(3);
+        for step in 0..3 {
+            run_step(&mut ms, step, &[0, 1, 2], Duration::from_secs(step as u64));
+        }
+        let (step, chain) = ms[1].history().expect("node 1 applied three steps");
+        assert_eq!(step, 3);
+        assert!(ms[0].agrees(step, &chain));
+        let asks = |m: &mut StepMachine, now: Duration| -> Vec<u32> {
+            m.poll(now)
+                .into_iter()
+                .filter_map(|a| match a {
+                    Action::RequestManifest { step, from: 1 } => Some(step),
+                    _ => None,
+                })
+                .collect()
+        };
+        let t = Duration::from_secs(10);
+        ms[0].on_peer_history(t, 1, step, chain);
+        assert_eq!(asks(&mut ms[0], t), Vec::<u32>::new(), "same history");
+        // Another history at a step this node applied: a fork neither may
+        // learn of from a later manifest (at the epoch's end there is none).
+        ms[0].on_peer_history(t, 1, step, [9; 32]);
+        assert_eq!(asks(&mut ms[0], t), vec![0, 1, 2]);
+        assert!(!ms[0].agrees(step, &[9; 32]));
+        // Not again on every heartbeat, but again later.
+        ms[0].on_peer_history(t + MS, 1, step, [9; 32]);
+        assert_eq!(asks(&mut ms[0], t + MS), Vec::<u32>::new());
+        let later = t + Duration::from_secs(3);
+        ms[0].on_peer_history(later, 1, step, [9; 32]);
+        assert_eq!(asks(&mut ms[0], later), vec![0, 1, 2]);
+        // A step this node has not reached says nothing.
+        ms[0].on_peer_history(later * 2, 1, step + 5, [9; 32]);
+        assert_eq!(asks(&mut ms[0], later * 2), Vec::<u32>::new());
     }
 
     #[test]

@@ -118,9 +118,15 @@ pub(crate) fn now_us() -> u64 {
 /// The shared state as hashed in manifests and sent to joiners: the
 /// trainer's snapshot, then the payload hashes of the last steps (what the
 /// screen compares new payloads with), so a node that syncs screens each
-/// later step exactly as the others do.
-fn encode_state(mut trainer_snapshot: Vec<u8>, recent: &BTreeMap<u32, Vec<[u8; 32]>>) -> Vec<u8> {
+/// later step exactly as the others do, then the hash of the state the
+/// contributions of the next step were computed on ([`Basis`]).
+fn encode_state(
+    mut trainer_snapshot: Vec<u8>,
+    recent: &BTreeMap<u32, Vec<[u8; 32]>>,
+    basis: &Basis,
+) -> Vec<u8> {
     let start = trainer_snapshot.len();
+    trainer_snapshot.extend_from_slice(&basis.previous);
     for (step, hashes) in recent {
         trainer_snapshot.extend_from_slice(&step.to_le_bytes());
         trainer_snapshot.extend_from_slice(&(hashes.len() as u32).to_le_bytes());
@@ -135,12 +141,15 @@ fn encode_state(mut trainer_snapshot: Vec<u8>, recent: &BTreeMap<u32, Vec<[u8; 3
 
 pub(crate) type Recent = BTreeMap<u32, Vec<[u8; 32]>>;
 
-pub(crate) fn decode_state(buf: &[u8]) -> Result<(&[u8], Recent), String> {
+pub(crate) fn decode_state(buf: &[u8]) -> Result<(&[u8], Recent, Basis), String> {
     let bad = || "malformed shared state".to_string();
     let n = buf.len().checked_sub(4).ok_or_else(bad)?;
     let trailer = u32::from_le_bytes(buf[n..].try_into().map_err(|_| bad())?) as usize;
     let start = n.checked_sub(trailer).ok_or_else(bad)?;
     let mut r = cohort_program::codec::Reader::new(&buf[start..n]);
+    let basis = Basis {
+        previous: r.array().map_err(|_| bad())?,
+    };
     let mut recent = BTreeMap::new();
     while r.remaining() > 0 {
         let step = r.u32().map_err(|_| bad())?;
@@ -154,7 +163,38 @@ pub(crate) fn decode_state(buf: &[u8]) -> Result<(&[u8], Recent), String> {
             .map_err(|_| bad())?;
         recent.insert(step, hashes);
     }
-    Ok((&buf[..start], recent))
+    Ok((&buf[..start], recent, basis))
+}
+
+/// Which shared state a step's contributions must have been computed on.
+/// A node computes step t+1 on the state after step t-1's update while step
+/// t is exchanged, so the contributions a manifest lists were computed on
+/// the state before the one it is applied to; at the epoch's start (no
+/// state before) on that state itself. Each state carries its
+/// predecessor's hash, so a node that synced knows it too, and every node
+/// on one history skips exactly the same contributions.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct Basis {
+    /// The hash of the state before this one; zeros at the epoch's start.
+    previous: [u8; 32],
+}
+
+impl Basis {
+    /// What the contributions applied to the state hashed `current` must
+    /// name.
+    fn expected(&self, current: &[u8; 32]) -> [u8; 32] {
+        if self.previous == [0; 32] {
+            *current
+        } else {
+            self.previous
+        }
+    }
+
+    /// The basis of the state an update of the state hashed `current`
+    /// leads to.
+    fn after(current: &[u8; 32]) -> Self {
+        Basis { previous: *current }
+    }
 }
 
 /// A member's work for one step: its contribution, its stats, and the
@@ -225,6 +265,7 @@ impl Attacker {
                 member: trainer.id.member,
                 train_loss: stats.loss,
                 momentum_hash,
+                basis: [0; 32],
                 payload,
             },
             stats,
@@ -258,14 +299,16 @@ pub(crate) fn train_loop(
     })?;
     let syncing = cfg.join || resumed;
     let mut generation = 0;
-    // Loads a shared state (trainer snapshot and the screen's memory).
+    // Loads a shared state (trainer snapshot, the screen's memory, and the
+    // basis of the contributions applied next).
     let load_state = |trainer: &mut Trainer, guard: &mut Guard, bytes: &[u8]| {
-        let (snapshot, recent) = decode_state(bytes)?;
+        let (snapshot, recent, basis) = decode_state(bytes)?;
         trainer.load_snapshot(snapshot).map_err(|e| e.to_string())?;
         guard.recent = recent;
         guard.remember(trainer);
-        Ok::<(), String>(())
+        Ok::<Basis, String>(basis)
     };
+    let mut basis = Basis::default();
     loop {
         match rx.recv().map_err(|_| "network task gone".to_string())? {
             ToTrainer::Start => break,
@@ -273,7 +316,7 @@ pub(crate) fn train_loop(
                 bytes,
                 generation: g,
             } if syncing => {
-                load_state(&mut trainer, &mut guard, &bytes)?;
+                basis = load_state(&mut trainer, &mut guard, &bytes)?;
                 generation = g;
                 send(FromTrainer::Synced {
                     step: trainer.step(),
@@ -285,14 +328,14 @@ pub(crate) fn train_loop(
         }
     }
     guard.remember(&trainer);
-    let publish_state = |t: &Trainer, guard: &Guard| {
-        let snapshot = Arc::new(encode_state(t.snapshot(), &guard.recent));
+    let publish_state = |t: &Trainer, guard: &Guard, basis: &Basis| {
+        let snapshot = Arc::new(encode_state(t.snapshot(), &guard.recent, basis));
         let state_hash = *blake3::hash(&snapshot).as_bytes();
         (state_hash, snapshot)
     };
     // The state hash of the current weights, kept so each step encodes and
     // hashes the full state once (it is checked against the next manifest).
-    let (mut current_hash, snap) = publish_state(&trainer, &guard);
+    let (mut current_hash, snap) = publish_state(&trainer, &guard, &basis);
     send(FromTrainer::Applied {
         step: trainer.step(),
         state_hash: current_hash,
@@ -321,10 +364,10 @@ pub(crate) fn train_loop(
                 bytes: &[u8],
                 generation: u64,
                 next_compute: &mut u32|
-     -> Result<[u8; 32], String> {
-        load_state(trainer, guard, bytes)?;
+     -> Result<([u8; 32], Basis), String> {
+        let basis = load_state(trainer, guard, bytes)?;
         *next_compute = (*next_compute).max(trainer.step() + 1);
-        let (hash, snapshot) = publish_state(trainer, guard);
+        let (hash, snapshot) = publish_state(trainer, guard, &basis);
         send(FromTrainer::Applied {
             step: trainer.step(),
             state_hash: hash,
@@ -334,7 +377,7 @@ pub(crate) fn train_loop(
             },
             generation,
         })?;
-        Ok(hash)
+        Ok((hash, basis))
     };
     let audit =
         |trainer: &mut Trainer, guard: &mut Guard, step: u32, member: u32, outcome: Revealed| {
@@ -370,13 +413,15 @@ pub(crate) fn train_loop(
             }
             if next_compute < cfg.steps && next_compute <= trainer.step() + 1 {
                 let before = audit::encode_momentum(trainer.momentum());
-                let (c, stats, forged) = match cfg.defence.adversary {
+                let (mut c, stats, forged) = match cfg.defence.adversary {
                     None => trainer
                         .compute_step(&cfg.seed, cfg.epoch, next_compute)
                         .map(|(c, s)| (c, s, None)),
                     Some(mode) => attacker.contribute(&mut trainer, &cfg, mode, next_compute),
                 }
                 .map_err(|e| e.to_string())?;
+                // Computed on the current state: it applies only there.
+                c.basis = current_hash;
                 let momentum = Arc::new(forged.map_or(before, |m| audit::encode_momentum(&m)));
                 compute_secs = stats.compute_secs;
                 loss = stats.loss;
@@ -417,7 +462,7 @@ pub(crate) fn train_loop(
                         bytes,
                         generation: g,
                     } => {
-                        current_hash =
+                        (current_hash, basis) =
                             load(&mut trainer, &mut guard, &bytes, g, &mut next_compute)?;
                         generation = g;
                         break None;
@@ -454,6 +499,10 @@ pub(crate) fn train_loop(
             // Payloads that do not decode (or are not the member's for this
             // step) are skipped; every node holds the same bytes for a
             // manifest, so every node skips the same ones.
+            // So are contributions computed on another state (their author
+            // rewound since): recomputed on this one they would fail an
+            // honest member's audit.
+            let expected = basis.expected(&current_hash);
             let mut contributions = Vec::with_capacity(payloads.len());
             let mut contributors = Vec::with_capacity(payloads.len());
             for ((member, hash), bytes) in manifest.entries.iter().zip(&payloads) {
@@ -461,7 +510,12 @@ pub(crate) fn train_loop(
                     continue;
                 };
                 match Contribution::decode_signed(bytes, &layout) {
-                    Ok(c) if c.member == *key && c.step == manifest.step && c.job == cfg.job => {
+                    Ok(c)
+                        if c.member == *key
+                            && c.step == manifest.step
+                            && c.job == cfg.job
+                            && c.basis == expected =>
+                    {
                         contributions.push(c);
                         contributors.push(*member);
                     }
@@ -506,7 +560,8 @@ pub(crate) fn train_loop(
             }
             let blocked = (unblocked.saturating_sub(blocked_from)) as f64 / 1e6;
             let wait = (last_produced_us.saturating_sub(blocked_from) as f64 / 1e6).min(blocked);
-            let (state_hash, snapshot) = publish_state(&trainer, &guard);
+            basis = Basis::after(&current_hash);
+            let (state_hash, snapshot) = publish_state(&trainer, &guard, &basis);
             current_hash = state_hash;
             send(FromTrainer::Applied {
                 step: trainer.step(),
@@ -540,7 +595,8 @@ pub(crate) fn train_loop(
                     bytes,
                     generation: g,
                 }) => {
-                    current_hash = load(&mut trainer, &mut guard, &bytes, g, &mut next_compute)?;
+                    (current_hash, basis) =
+                        load(&mut trainer, &mut guard, &bytes, g, &mut next_compute)?;
                     generation = g;
                     break;
                 }
@@ -558,5 +614,41 @@ pub(crate) fn train_loop(
                 Ok(_) => {}
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shared_state_carries_the_basis_of_the_next_contributions_and_round_trips() {
+        let recent: Recent = [(3, vec![[7; 32], [8; 32]]), (4, vec![])].into();
+        let basis = Basis::after(&[9; 32]);
+        let bytes = encode_state(vec![1, 2, 3], &recent, &basis);
+        let (snapshot, r, b) = decode_state(&bytes).unwrap();
+        assert_eq!((snapshot, &r, b), (&[1u8, 2, 3][..], &recent, basis));
+        // Another basis is another state: its hash differs.
+        let other = encode_state(vec![1, 2, 3], &recent, &Basis::after(&[6; 32]));
+        assert_ne!(blake3::hash(&bytes), blake3::hash(&other));
+        for cut in [0, 3, bytes.len() - 1] {
+            assert!(decode_state(&bytes[..cut]).is_err(), "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn contributions_are_applied_on_the_state_before_the_one_they_were_computed_on_except_at_the_start()
+     {
+        // At the epoch's start steps 0 and 1 are both computed on the first
+        // state: what manifest 0 lists must name that state itself.
+        let first = [1; 32];
+        assert_eq!(Basis::default().expected(&first), first);
+        // Step 1's manifest is applied to the state after step 0, and its
+        // contributions were computed on the first state.
+        let after_0 = Basis::after(&first);
+        assert_eq!(after_0.expected(&[2; 32]), first);
+        // A contribution computed on a state of an abandoned history names
+        // another hash, so it is skipped.
+        assert_ne!(after_0.expected(&[2; 32]), [3; 32]);
     }
 }

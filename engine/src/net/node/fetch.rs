@@ -162,9 +162,15 @@ impl Net {
                 .payloads
                 .get(&h)
                 .map_or(Response::NotFound, |b| Response::Payload(b.clone())),
+            // The manifest this node holds for the step now (what it applied,
+            // or will): after a rewind or a disqualification that is not
+            // the first one it stored.
             Request::Manifest { step } => self
-                .manifests_raw
-                .get(&step)
+                .machine
+                .manifest(step)
+                .and_then(|m| self.ranked_raw.get(&m.id()))
+                .map(|(_, raw)| raw)
+                .or_else(|| self.manifests_raw.get(&step))
                 .map_or(Response::NotFound, |b| Response::Manifest(b.clone())),
             Request::Snapshot { step, offset } => chunk_of(self.snapshots.get(&step), offset),
             Request::Momentum { step, offset } => chunk_of(self.momenta.get(&step), offset),
@@ -207,7 +213,11 @@ impl Net {
                 if *blake3::hash(&bytes).as_bytes() == hash && bytes.len() <= msg::MAX_RESPONSE {
                     self.payloads.insert(hash, bytes);
                     let now = self.now();
-                    self.machine.on_payload(now, hash);
+                    // A manifest this node had given up on is whole again
+                    // and outranks what it applied.
+                    if let Some(step) = self.machine.on_payload(now, hash) {
+                        self.rewind(step);
+                    }
                 } else {
                     self.stats.drop(Drop::BadBlob);
                     self.machine.on_fetch_failed(hash);

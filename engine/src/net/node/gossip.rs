@@ -28,7 +28,7 @@ impl Net {
             // manifest becomes unservable (and is replaced) before anyone
             // sees the forgery.
             let now = self.now();
-            self.machine.on_payload(now, hash);
+            let _ = self.machine.on_payload(now, hash);
             entry.1 = hash;
             // And it censors: the next other member is left out.
             let forged = entry.0;
@@ -132,7 +132,14 @@ impl Net {
                 self.machine.on_alive(now, h.member);
                 // Done, and auditing nobody: a witness that still audits
                 // may yet ask this node for a momentum.
-                if h.applied >= self.cfg.steps && h.auditing == 0 {
+                self.machine
+                    .on_peer_history(now, h.member, h.chain_step, h.chain);
+                // Done on the same history: a peer done on another one is
+                // waited for until one of the two has rewound.
+                if h.applied >= self.cfg.steps
+                    && h.auditing == 0
+                    && self.machine.agrees(h.chain_step, &h.chain)
+                {
                     self.peers_done.insert(h.member);
                 } else {
                     self.peers_done.remove(&h.member);
@@ -184,18 +191,20 @@ impl Net {
     pub(super) fn rank_manifest(&mut self, m: Manifest, raw: Vec<u8>) -> MessageAcceptance {
         let step = m.step;
         let leader = m.leader;
+        let id = m.id();
         let now = self.now();
         let verdict = self.machine.on_manifest(now, m);
+        // Kept by the machine: a sign of life, and bytes to serve.
         if matches!(
             verdict,
             Verdict::Accepted | Verdict::Superseded | Verdict::Rewind | Verdict::Equivocation
         ) {
             self.machine.on_alive(now, leader);
+            self.ranked_raw.insert(id, (step, raw));
         }
         match verdict {
             Verdict::Accepted => {
                 self.stats.accepted += 1;
-                self.manifests_raw.insert(step, raw);
                 if self.syncing {
                     self.request_snapshot(step, leader);
                 }
@@ -221,7 +230,6 @@ impl Net {
                 MessageAcceptance::Accept
             }
             Verdict::Rewind => {
-                self.manifests_raw.insert(step, raw);
                 self.rewind(step);
                 MessageAcceptance::Accept
             }

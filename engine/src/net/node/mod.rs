@@ -90,7 +90,13 @@ struct Net {
     peers: Vec<Option<PeerId>>,
     started: Instant,
     payloads: HashMap<[u8; 32], Vec<u8>>,
+    /// The signed manifest this node applied per step, for the whole epoch:
+    /// what it serves for a step the step machine no longer keeps (a
+    /// restarted member's backfill).
     manifests_raw: BTreeMap<u32, Vec<u8>>,
+    /// Every signed manifest the step machine keeps, by id, for the steps
+    /// still kept: where `manifests_raw` is filled from when one is applied.
+    ranked_raw: HashMap<[u8; 32], (u32, Vec<u8>)>,
     /// Events raised by the network side (backfill), drained by `run`.
     events: Vec<NodeEvent>,
     snapshots: BTreeMap<u32, Arc<Vec<u8>>>,
@@ -213,7 +219,7 @@ impl Net {
                         twin = (t != m).then_some(t);
                     }
                     let raw = msg::sign(&Body::Manifest(m.clone()), &self.key);
-                    self.manifests_raw.insert(m.step, raw.clone());
+                    self.ranked_raw.insert(m.id(), (m.step, raw.clone()));
                     self.publish(raw);
                     if let Some(t) = twin {
                         self.publish(msg::sign(&Body::Manifest(t), &self.key));
@@ -232,6 +238,9 @@ impl Net {
                             self.payloads.get(h).cloned().unwrap_or_default()
                         })
                         .collect();
+                    if let Some((_, raw)) = self.ranked_raw.get(&manifest.id()) {
+                        self.manifests_raw.insert(manifest.step, raw.clone());
+                    }
                     let last_produced_us = self.machine.last_produced_us(manifest.step);
                     let _ = self.to_trainer.send(ToTrainer::Apply {
                         manifest,
@@ -279,6 +288,7 @@ impl Net {
     fn heartbeat(&mut self) {
         self.note_scores();
         self.seq = self.seq.max(now_us());
+        let (chain_step, chain) = self.machine.history().unwrap_or((0, [0; 32]));
         let hb = Heartbeat {
             job: self.cfg.job,
             epoch: self.cfg.epoch,
@@ -287,6 +297,8 @@ impl Net {
             ready_from: self.next_contribution,
             applied: self.applied,
             auditing: self.auditing.len() as u32,
+            chain_step,
+            chain,
         };
         let raw = msg::sign(&Body::Heartbeat(hb), &self.key);
         // Heartbeats are not worth queueing.
@@ -321,6 +333,7 @@ impl Net {
         // the ones it missed (see `backfill_from`); they are small.
         let keep = self.cfg.epoch_start.map_or(floor, |e| e.min(floor));
         self.manifests_raw.retain(|s, _| *s >= keep);
+        self.ranked_raw.retain(|_, (s, _)| *s >= floor);
         while self.snapshots.len() > 4 {
             self.snapshots.pop_first();
         }
@@ -377,6 +390,7 @@ impl Net {
             started: Instant::now(),
             payloads: HashMap::new(),
             manifests_raw: BTreeMap::new(),
+            ranked_raw: HashMap::new(),
             events: Vec::new(),
             snapshots: BTreeMap::new(),
             pending: HashMap::new(),
@@ -718,7 +732,16 @@ impl Net {
                 && !self.machine.is_slashed(m)
                 && self.machine.heard_within(now_d, m, Duration::from_secs(5))
         });
-        let staying = (slow_peer || !(self.auditing.is_empty() && self.peers_auditing.is_empty()))
+        // A slashed peer's audits count for nothing, so its claim to be
+        // auditing keeps nobody; a slashed node itself has nobody to stay for.
+        let peer_auditing = self
+            .peers_auditing
+            .iter()
+            .any(|m| !self.machine.is_slashed(*m));
+        if self.machine.is_slashed(self.cfg.me) {
+            return true;
+        }
+        let staying = (slow_peer || !self.auditing.is_empty() || peer_auditing)
             && t.elapsed() < AUDIT_PATIENCE;
         let limit = if reporting { linger * 12 } else { linger };
         (all && !reporting && !staying) || (t.elapsed() > limit && !staying)

@@ -1,13 +1,28 @@
 //! What the end-to-end tests share: a scratch home per test, the
-//! `cohort` binary as child processes, and readers for its output.
-// Each test binary uses only some of these.
-#![allow(dead_code)]
+//! `cohort` binary as child processes, readers for its output, and the
+//! two cores.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
+
+/// The machine's cores, shared by the tests of this binary (they run on
+/// as many threads as there are cores).
+static CORES: RwLock<()> = RwLock::new(());
+
+/// For a test that needs the cores to itself: the fraud test's audits need
+/// steps where most members' payloads arrive in time, and the GUI's sandbox
+/// trains three nodes inside the test process.
+pub fn cores_alone() -> RwLockWriteGuard<'static, ()> {
+    CORES.write().unwrap_or_else(|e| e.into_inner())
+}
+
+/// For a test that may share the cores with others like it.
+pub fn cores_shared() -> RwLockReadGuard<'static, ()> {
+    CORES.read().unwrap_or_else(|e| e.into_inner())
+}
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_cohort");
 

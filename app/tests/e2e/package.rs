@@ -1,18 +1,45 @@
 //! The `.deb` the installer writes, checked the way a user gets it: built
-//! from this test's own `cohort` binary with the Tauri bundler, unpacked
-//! with `dpkg-deb -x`, and the packaged binary run.
+//! with the Tauri bundler from a running copy of this test's own `cohort`
+//! binary, unpacked with `dpkg-deb -x`, and the packaged binary run.
 
-use std::path::Path;
 use std::process::Command;
 
 #[cfg(target_os = "linux")]
 #[test]
 fn the_deb_installs_a_runnable_cohort_with_its_desktop_entry_and_icons() {
+    let _cores = crate::common::cores_shared();
     let root = cohort_installer::repo_root();
-    let bin = Path::new(env!("CARGO_BIN_EXE_cohort"));
-    let debs =
-        cohort_installer::package(&root, bin, vec![cohort_installer::format("deb").unwrap()])
-            .unwrap();
+    // Packaged while it runs, as a release machine may still run the
+    // build it packages (and this binary's other tests run theirs): the
+    // bundler rewrites the file it is handed, which Linux refuses for a
+    // running executable ("Text file busy"), and the running program must
+    // come out of it unchanged.
+    let work = tempfile::tempdir().unwrap();
+    let bin = work.path().join("cohort");
+    std::fs::copy(env!("CARGO_BIN_EXE_cohort"), &bin).unwrap();
+    let before = std::fs::read(&bin).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut running = Command::new(&bin)
+        .args(["localnet", "--port", &port.to_string()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let packaged =
+        cohort_installer::package(&root, &bin, vec![cohort_installer::format("deb").unwrap()]);
+    let still_running = running.try_wait().unwrap().is_none();
+    let _ = running.kill();
+    let _ = running.wait();
+    let debs = packaged.unwrap();
+    assert!(still_running, "the binary stopped while it was packaged");
+    assert!(
+        std::fs::read(&bin).unwrap() == before,
+        "packaging changed the binary it was given"
+    );
     let version = env!("CARGO_PKG_VERSION");
     assert_eq!(debs.len(), 1);
     let deb = &debs[0];

@@ -100,6 +100,7 @@ fn set_passphrase(h: &mut Harness<'_, CohortApp>) {
 
 #[test]
 fn create_a_wallet_confirm_its_phrase_then_lock_and_unlock() {
+    let _cores = crate::common::cores_shared();
     let dir = tempfile::tempdir().unwrap();
     let mut h = app(dir.path(), Network::Custom);
     ready(&mut h);
@@ -181,6 +182,7 @@ fn create_a_wallet_confirm_its_phrase_then_lock_and_unlock() {
 
 #[test]
 fn import_a_phrase_and_a_keypair_file() {
+    let _cores = crate::common::cores_shared();
     // A phrase: an invalid one is refused on the spot, a valid one gives
     // the address Phantom shows.
     let dir = tempfile::tempdir().unwrap();
@@ -224,6 +226,9 @@ fn import_a_phrase_and_a_keypair_file() {
 
 #[test]
 fn sandbox_benchmark_join_train_and_claim_from_the_ui() {
+    // Three training nodes in this process: sharing the cores with the
+    // lifecycle tests' nodes, it timed out waiting for its worker.
+    let _cores = crate::common::cores_alone();
     let dir = tempfile::tempdir().unwrap();
     let mut h = app(dir.path(), Network::Sandbox);
     ready(&mut h);
@@ -299,9 +304,11 @@ fn sandbox_benchmark_join_train_and_claim_from_the_ui() {
 
     // Pause: steps still apply; resume.
     click(&mut h, "Pause");
-    wait(&mut h, "pause", 10, |a| a.model.training.paused);
+    // The worker takes commands one at a time, after whatever chain reads
+    // it is doing.
+    wait(&mut h, "pause", 60, |a| a.model.training.paused);
     click(&mut h, "Resume");
-    wait(&mut h, "resume", 10, |a| !a.model.training.paused);
+    wait(&mut h, "resume", 60, |a| !a.model.training.paused);
 
     // An attested epoch makes earnings claimable; Claim pays into the wallet.
     wait(&mut h, "a claimable epoch", 300, |a| {
@@ -329,6 +336,7 @@ fn sandbox_benchmark_join_train_and_claim_from_the_ui() {
 #[cfg(target_os = "linux")]
 #[test]
 fn without_a_display_cohort_says_so_in_one_line_and_points_to_the_demo() {
+    let _cores = crate::common::cores_shared();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_cohort"))
         .env_remove("DISPLAY")
         .env_remove("WAYLAND_DISPLAY")

@@ -1,12 +1,9 @@
 //! Proof of contribution end to end: `cohort localnet`, three honest
-//! `cohort node`s and one that cheats. Its own test binary, so that it does
-//! not share the two cores with the other end-to-end tests (cargo runs test
-//! binaries one after another): the audits need steps where most members'
-//! payloads arrive in time.
+//! `cohort node`s and one that cheats. It has the cores to itself
+//! ([`cores_alone`]): the audits need steps where most members' payloads
+//! arrive in time.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use std::time::{Duration, Instant};
 
 /// A cheating node joins a job with three honest ones: first a free-rider
@@ -20,6 +17,7 @@ use std::time::{Duration, Instant};
 /// network by `engine/tests/p2p.rs` and in the arena.)
 #[test]
 fn cheats_are_audited_or_caught_leading_reported_on_chain_and_slashed() {
+    let _cores = cores_alone();
     for mode in ["free-rider", "lying-leader"] {
         cheat_run(mode);
     }

@@ -2,14 +2,13 @@
 //! `cohort node`s training over libp2p on 127.0.0.1, and a requester using
 //! `cohort job`. Also the requester's bad inputs, each a one-line error.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 #[test]
 fn three_nodes_train_attest_and_get_paid_through_an_rpc_outage() {
+    let _cores = cores_shared();
     let h = home("e2e");
     let (mut chain, url) = localnet(&h);
     let job = post_job(&h, &url, "12", "4");
@@ -95,6 +94,7 @@ fn three_nodes_train_attest_and_get_paid_through_an_rpc_outage() {
 
 #[test]
 fn bad_requests_are_one_line_errors_and_leave_nothing_on_chain() {
+    let _cores = cores_shared();
     let h = home("bad");
     let (_chain, url) = localnet(&h);
     // Unfunded wallet: refused before signing.
@@ -167,6 +167,7 @@ fn bad_requests_are_one_line_errors_and_leave_nothing_on_chain() {
 
 #[test]
 fn a_node_killed_mid_epoch_restarts_catches_up_and_is_paid_in_full() {
+    let _cores = cores_shared();
     let h = home("restart");
     let (_chain, url) = localnet(&h);
     let job = post_job(&h, &url, "60", "3");
