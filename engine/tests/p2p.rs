@@ -406,8 +406,15 @@ fn audited_run(mode: &str) {
     for (i, d) in done.iter().enumerate() {
         assert!(d.contains(r#""slashed":[3]"#), "{mode}: member {i}: {d}");
     }
-    // Every member applied the same manifests with the same weights.
-    let finals: Vec<&str> = done.iter().map(|d| field(d, "hash").unwrap()).collect();
+    // Every honest member applied the same manifests with the same weights.
+    // Not the attacker: once slashed it has nobody to stay for and leaves
+    // when done, so its last manifest can be one the honest nodes replaced
+    // with a better one after it left (seen under load: steps 0–14 equal on
+    // all four, step 15 the attacker's own).
+    let finals: Vec<&str> = done[..attacker]
+        .iter()
+        .map(|d| field(d, "hash").unwrap())
+        .collect();
     if !finals.iter().all(|h| *h == finals[0]) {
         for (i, p) in peers.iter().enumerate() {
             let notes: Vec<String> = p
@@ -423,7 +430,7 @@ fn audited_run(mode: &str) {
         }
     }
     assert!(finals.iter().all(|h| *h == finals[0]), "{mode}: {finals:?}");
-    assert!(assert_agree(&peers.iter().collect::<Vec<_>>()) > 0);
+    assert!(assert_agree(&peers[..attacker].iter().collect::<Vec<_>>()) > 0);
     // The honest witnesses audited, and only the attacker failed.
     let (mut failed, mut chain_failed) = (0, 0);
     // (step, honest member) → the chain error of each audit of it (-1: the
