@@ -6,6 +6,7 @@ mod adversary;
 mod app;
 mod args;
 mod chain;
+mod chain_job;
 mod convergence;
 mod efficiency;
 mod engine;
@@ -18,14 +19,16 @@ const USAGE: &str = "usage: cohort-bench <convergence|engine|efficiency|simulate
                flags: --steps --members --arch --batch --topk --lr-adamw --lr-sign --lr-cohort --eval-windows
   engine       one member's training tokens/s vs the same model in PyTorch
                flags: --arch --batch --steps --backend (auto|cpu|wgpu|cuda) --threads
-  efficiency   N member processes over libp2p, shaped vs loopback vs no network
-               flags: --members --steps --arch --batch --mbit --rtt-ms --warmup
+  efficiency   member processes over libp2p, shaped links vs the same processes on loopback
+               flags: --members (cores) --steps --arch --batch --mbit --rtt-ms --slow-rtt-ms (0: ≈ compute) --warmup --repeats 3
   simulate     the step protocol in virtual time: 48 nodes and 1,000 nodes
                flags: --arch --gpus-per-node --gpu-tflops --mfu --tokens-per-gpu --steps ...
-  chain        transactions, fees and account bytes per node as jobs grow (3, 30, 300 members)
-               flags: --sizes 3,30,300 --epochs 3
-  adversary    honest run vs 20/33/45% attackers of every mode, defences on and off
-               flags: --members 9 --steps 40 --epoch 10 --fractions 0.2,0.33,0.45 --modes all --undefended yes
+  chain        a real job's transactions, fees and balances read from the chain, then
+               modelled jobs of 3, 30, 300 members; flags: --sizes 3,30,300 --epochs 3
+               --real-nodes 3 --real-epochs 3 --real-steps 10
+  adversary    honest run vs 33/45% attackers of every payload attack, defences on and off
+               flags: --members 9 --steps 100 --epoch 10 --fractions 0.33,0.45 --modes all --undefended yes
+                      --witness-micro-batch 4
   app          the desktop app's cold start vs an empty window, and frame time while training
                (needs a display: xvfb-run -a); flags: --launches 5
   peer         one member process (what `efficiency` spawns); see --help

@@ -4,6 +4,7 @@
 use anyhow::{Context, Result};
 use std::fmt::Write as _;
 use std::path::PathBuf;
+use std::process::Command;
 
 pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -40,6 +41,39 @@ impl Figures {
     }
 }
 
+/// The commit the figures come from, `-dirty` when tracked files other
+/// than the published figures differ from it.
+pub fn commit() -> String {
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .args(args)
+            .current_dir(repo_root())
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    let Some(head) = git(&["rev-parse", "HEAD"]) else {
+        return "unknown".into();
+    };
+    let dirty = git(&[
+        "status",
+        "--porcelain",
+        "--untracked-files=no",
+        "--",
+        ".",
+        ":!docs",
+    ])
+    .is_some_and(|s| !s.is_empty());
+    if dirty { format!("{head}-dirty") } else { head }
+}
+
+/// The command line that produced the figures, as a person would type it.
+pub fn command() -> String {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    format!("cargo run --release -p cohort-bench -- {}", args.join(" "))
+}
+
 /// Writes the JSON and replaces this bench's section of docs/benchmarks.md
 /// (between `<!-- bench:NAME -->` and `<!-- /bench:NAME -->`), appending it
 /// the first time.
@@ -48,7 +82,12 @@ pub fn publish(name: &str, figures: &Figures, markdown: &str) -> Result<()> {
     let dir = root.join("docs/bench");
     std::fs::create_dir_all(&dir)?;
     let json = dir.join(format!("{name}.json"));
-    std::fs::write(&json, figures.to_json())
+    let (commit, command) = (commit(), command());
+    let mut stamped = Figures {
+        entries: figures.entries.clone(),
+    };
+    stamped.text("commit", &commit).text("command", &command);
+    std::fs::write(&json, stamped.to_json())
         .with_context(|| format!("writing {}", json.display()))?;
     let md_path = root.join("docs/benchmarks.md");
     let md = std::fs::read_to_string(&md_path).unwrap_or_else(|_| "# Benchmarks\n\nEvery figure here is written by `cargo run --release -p cohort-bench -- <name>`; the raw numbers are in `docs/bench/<name>.json`.\n".into());
@@ -56,7 +95,16 @@ pub fn publish(name: &str, figures: &Figures, markdown: &str) -> Result<()> {
         format!("<!-- bench:{name} -->"),
         format!("<!-- /bench:{name} -->"),
     );
-    let section = format!("{open}\n{}\n{close}", markdown.trim_end());
+    let section = format!(
+        "{open}\n{}\n\n<sub>Written by `{command}` at commit `{}{}`.</sub>\n{close}",
+        markdown.trim_end(),
+        &commit[..commit.len().min(12)],
+        if commit.ends_with("-dirty") {
+            "-dirty"
+        } else {
+            ""
+        }
+    );
     let updated = match (md.find(&open), md.find(&close)) {
         (Some(a), Some(b)) if b > a => format!("{}{}{}", &md[..a], section, &md[b + close.len()..]),
         _ => format!("{}\n{}\n", md.trim_end(), section),

@@ -73,9 +73,20 @@ struct Inner {
     /// scanned, and `getProgramAccounts` needs the program's accounts.
     known: Mutex<BTreeSet<Pubkey>>,
     statuses: Mutex<HashMap<Signature, (u64, Option<TransactionError>)>>,
+    /// Every transaction that landed, oldest first, for
+    /// `getSignaturesForAddress` (what an explorer reads).
+    history: Mutex<Vec<Landed>>,
     requests: Mutex<RpcTransportStats>,
     /// The clock's slot and the `SlotHashes` entries before it, newest first.
     slots: Mutex<(u64, Vec<(u64, Hash)>)>,
+}
+
+/// A transaction that landed: its first signature, the addresses it named
+/// and when.
+struct Landed {
+    sig: Signature,
+    keys: Vec<Pubkey>,
+    time: i64,
 }
 
 /// Cheap to clone: every clone is the same chain.
@@ -112,6 +123,7 @@ impl Embedded {
                 faucet,
                 known: Mutex::new(BTreeSet::from([cohort_program::ID])),
                 statuses: Mutex::new(HashMap::new()),
+                history: Mutex::new(Vec::new()),
                 requests: Mutex::new(RpcTransportStats::default()),
                 slots: Mutex::new((SLOT, Vec::new())),
             }),
@@ -260,6 +272,7 @@ impl Embedded {
                 Ok(wrap(Value::Array(out)))
             }
             "getProgramAccounts" => self.program_accounts(&p(0), p(1)).await,
+            "getSignaturesForAddress" => self.signatures_for(&p(0), &p(1)),
             "getSignatureStatuses" => {
                 let sigs = p(0);
                 let sigs = sigs
@@ -340,6 +353,13 @@ impl Embedded {
             .await;
         match r {
             Ok(()) => {
+                if let Ok(mut h) = self.inner.history.lock() {
+                    h.push(Landed {
+                        sig,
+                        keys: keys.clone(),
+                        time: now_unix(),
+                    });
+                }
                 if let Ok(mut k) = self.inner.known.lock() {
                     k.extend(keys);
                 }
@@ -357,6 +377,47 @@ impl Embedded {
             Err(BanksClientError::TransactionError(err)) => Err(preflight_failure(&err, vec![], 0)),
             Err(e) => Err(RpcFailure::internal(e)),
         }
+    }
+
+    /// Newest first, as a validator answers: at most `limit` (≤ 1,000)
+    /// signatures of landed transactions naming `address`, older than
+    /// `before` and newer than `until` when given.
+    fn signatures_for(&self, address: &Value, config: &Value) -> Result<Value, RpcFailure> {
+        let k = parse::<Pubkey>(address, "address")?;
+        let limit = config.get("limit").and_then(Value::as_u64).unwrap_or(1000);
+        if !(1..=1000).contains(&limit) {
+            return Err(RpcFailure::invalid(format!(
+                "Invalid limit; max 1000, got {limit}"
+            )));
+        }
+        let sig = |key: &str| {
+            config
+                .get(key)
+                .filter(|v| !v.is_null())
+                .map(|v| parse::<Signature>(v, key))
+                .transpose()
+        };
+        let (before, until) = (sig("before")?, sig("until")?);
+        let history = self.inner.history.lock().map_err(RpcFailure::internal)?;
+        let mut newest_first = history.iter().rev();
+        if let Some(b) = before {
+            // Past `before` itself; nothing when it never landed.
+            if newest_first.by_ref().all(|l| l.sig != b) {
+                return Ok(json!([]));
+            }
+        }
+        let out: Vec<Value> = newest_first
+            .take_while(|l| Some(l.sig) != until)
+            .filter(|l| l.keys.contains(&k))
+            .take(limit as usize)
+            .map(|l| {
+                json!({
+                    "signature": l.sig.to_string(), "slot": SLOT, "err": null,
+                    "memo": null, "blockTime": l.time, "confirmationStatus": "finalized"
+                })
+            })
+            .collect();
+        Ok(Value::Array(out))
     }
 
     async fn program_accounts(&self, program: &Value, config: Value) -> Result<Value, RpcFailure> {

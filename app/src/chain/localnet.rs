@@ -174,6 +174,36 @@ mod tests {
             listed.iter().map(|(k, _)| *k).collect::<Vec<_>>(),
             vec![job]
         );
+        // The history an explorer reads: newest first, pages by `before`,
+        // nothing for an address no transaction named.
+        let sigs = c
+            .rpc
+            .get_signatures_for_address(&who.pubkey())
+            .await
+            .unwrap();
+        assert!(sigs.len() >= 2, "airdrop and job creation: {sigs:?}");
+        let older = c
+            .rpc
+            .get_signatures_for_address_with_config(
+                &who.pubkey(),
+                solana_rpc_client::rpc_client::GetConfirmedSignaturesForAddress2Config {
+                    before: Some(sigs[0].signature.parse().unwrap()),
+                    limit: Some(1),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(older.len(), 1);
+        assert_eq!(older[0].signature, sigs[1].signature);
+        let stranger = Keypair::new().pubkey();
+        assert!(
+            c.rpc
+                .get_signatures_for_address(&stranger)
+                .await
+                .unwrap()
+                .is_empty()
+        );
 
         // The server goes away: a clear transport error, not a hang.
         server.stop();
@@ -207,6 +237,15 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("already used"), "{e}");
+        // A refused transaction lands nowhere, so it is not in the history.
+        assert_eq!(
+            c.rpc
+                .get_signatures_for_address(&who.pubkey())
+                .await
+                .unwrap()
+                .len(),
+            sigs.len()
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
