@@ -15,7 +15,7 @@ use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::str::FromStr;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// What the chain shows for one real job.
 pub struct Measured {
@@ -148,13 +148,14 @@ pub fn run(bin: &Path, nodes: usize, epochs: u32, steps_per_epoch: u32) -> Resul
     let base = p2p_base()?.to_string();
     let mut wallets = Vec::new();
     let mut procs = Vec::new();
+    let mut readers = Vec::new();
     for i in 0..nodes {
         let home = tmp.path().join(format!("node{i}"));
         std::fs::create_dir_all(&home)?;
         let key = home.join("node.json");
         let k: Keypair = keys::load_or_create(&key)?;
         wallets.push(k.pubkey());
-        let child = cohort(bin, &home)
+        let mut child = cohort(bin, &home)
             .args(["node", "--url", &url, "--job", &job, "--p2p-port", &base])
             .args(["--airdrop", AIRDROP_SOL, "--keypair"])
             .arg(&key)
@@ -162,30 +163,42 @@ pub fn run(bin: &Path, nodes: usize, epochs: u32, steps_per_epoch: u32) -> Resul
             .stderr(Stdio::null())
             .spawn()
             .context("starting cohort node")?;
-        procs.push(child);
-    }
-    // One reader per node, so no node blocks on a full pipe.
-    let readers: Vec<_> = procs
-        .iter_mut()
-        .map(|p| {
-            let out = p.stdout.take();
-            std::thread::spawn(move || {
-                out.and_then(|o| {
-                    BufReader::new(o)
-                        .lines()
-                        .map_while(std::result::Result::ok)
-                        .find(|l| l.starts_with("done:"))
-                })
+        let out = child.stdout.take();
+        // Killed on every way out from here on.
+        procs.push(Proc(child));
+        // One reader per node, so no node blocks on a full pipe.
+        readers.push(std::thread::spawn(move || {
+            out.and_then(|o| {
+                BufReader::new(o)
+                    .lines()
+                    .map_while(std::result::Result::ok)
+                    .find(|l| l.starts_with("done:"))
             })
-        })
-        .collect();
+        }));
+    }
+    // All nodes at once, under one deadline: a node that dies stalls the
+    // others (the job needs every one), so the first failure ends the run.
+    let deadline = Instant::now() + Duration::from_secs(900);
+    let mut finished = vec![false; nodes];
+    while finished.iter().any(|f| !f) {
+        for (i, p) in procs.iter_mut().enumerate() {
+            if !finished[i]
+                && let Some(status) = p.0.try_wait()?
+            {
+                ensure!(status.success(), "node {i} failed ({status})");
+                finished[i] = true;
+            }
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "the job did not finish within 15 minutes"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
     let mut claimed = Vec::new();
-    for (mut p, r) in procs.into_iter().zip(readers) {
-        let status = p.wait()?;
+    for (i, r) in readers.into_iter().enumerate() {
         let done = r.join().map_err(|_| anyhow::anyhow!("reader panicked"))?;
-        let Some(done) = done.filter(|_| status.success()) else {
-            bail!("a node process failed ({status})");
-        };
+        let done = done.with_context(|| format!("node {i} printed no `done:` line"))?;
         let c: u64 = done
             .split("claimed ")
             .nth(1)

@@ -272,7 +272,15 @@ pub fn run(raw: &[String]) -> Result<()> {
                     ((rows[0].runs[0].split.compute * 1000.0).round() as u64).max(1)
                 };
                 rows.push(Row {
-                    label: format!("{} Mbit/s, {rtt_ms} ms RTT (≈ compute per step)", home.mbit),
+                    label: format!(
+                        "{} Mbit/s, {rtt_ms} ms RTT{}",
+                        home.mbit,
+                        if slow_rtt == 0 {
+                            " (≈ compute per step)"
+                        } else {
+                            ""
+                        }
+                    ),
                     key: "slow",
                     link: Some(Link {
                         mbit: home.mbit,
