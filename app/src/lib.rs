@@ -11,3 +11,4 @@ pub mod job;
 pub mod localnet_cmd;
 pub mod node;
 pub mod wallet;
+pub mod when;

@@ -4,13 +4,12 @@
 
 use cohort_engine::backend;
 use cohort_engine::net::msg::{self, Body, Drop, Heartbeat};
-use cohort_engine::net::node::hex;
 use cohort_engine::net::peer::{local_job, local_member};
 use cohort_engine::net::shaper::Link;
 use cohort_engine::net::step::Timing;
 use cohort_engine::net::swarm;
 use libp2p::futures::StreamExt;
-use libp2p::gossipsub::{self, IdentTopic};
+use libp2p::gossipsub;
 use libp2p::swarm::SwarmEvent;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -516,6 +515,22 @@ fn audited_run(mode: &str) {
         .iter()
         .filter(|(s, l)| **s < evidence && l.contains(&(attacker as u32)))
         .count();
+    if listed_before >= 4 {
+        // What each honest witness did about the attacker, to tell a
+        // missed audit from an undecided one or a split vote.
+        for (i, p) in peers[..attacker].iter().enumerate() {
+            let seen: Vec<String> = p
+                .lines()
+                .into_iter()
+                .filter(|l| {
+                    ["audited", "accused", "slashed", "flagged"]
+                        .iter()
+                        .any(|e| l.contains(&format!(r#""event":"{e}""#)))
+                })
+                .collect();
+            eprintln!("{mode}: member {i}: {seen:#?}");
+        }
+    }
     assert!(
         listed_before < 4,
         "{mode}: evidence only from step {evidence}, after {listed_before} steps that listed it"
@@ -879,7 +894,7 @@ fn hostile(expect: &[Drop], make: fn(&[u8]) -> Vec<u8>, probe: bool) {
         .build()
         .unwrap();
     let attacker_key = msg::keypair(&[0xAA; 32]);
-    let topic = IdentTopic::new(format!("cohort/{}", hex(&local_job(&job)[..8])));
+    let topic = swarm::topic(&local_job(&job), 0);
     let sent = rt.block_on(async {
         let mut sw = swarm::build(&attacker_key, Link::default(), false).unwrap();
         sw.behaviour_mut().gossip.subscribe(&topic).unwrap();

@@ -5,6 +5,7 @@
 
 pub mod model;
 pub mod sandbox;
+pub mod sensors;
 pub mod settings;
 pub mod tour;
 pub mod tray;

@@ -44,6 +44,8 @@ pub struct Training {
     pub audits: u32,
     pub audits_failed: u32,
     pub paused: bool,
+    /// Why it is paused, in words (the user, or a "when to train" rule).
+    pub pause_reason: Option<String>,
     pub lines: VecDeque<String>,
     pub finished: Option<Result<String, String>>,
 }
@@ -55,7 +57,10 @@ impl Training {
             (Some(Ok(m)), _) => format!("Finished: {m}"),
             (Some(Err(e)), _) => format!("Stopped: {e}"),
             (None, None) => "Not training".into(),
-            (None, Some(_)) if self.paused => "Paused: applying updates, computing nothing".into(),
+            (None, Some(_)) if self.paused => format!(
+                "{}: applying updates, computing nothing",
+                upper_first(self.pause_reason.as_deref().unwrap_or("paused"))
+            ),
             (None, Some(_)) if self.of == 0 => "Joining: waiting for the job to start".into(),
             (None, Some(_)) => format!("Training epoch {}", self.epoch + 1),
         }
@@ -85,6 +90,9 @@ pub struct Model {
     /// Work the UI asked for and is waiting on (shown with a spinner).
     pub pending: Option<String>,
     pub started: Instant,
+    /// "When to train" sources this machine cannot read (their rules never
+    /// pause).
+    pub sensors_missing: Vec<&'static str>,
 }
 
 impl Default for Model {
@@ -108,6 +116,7 @@ impl Default for Model {
             notice: None,
             pending: None,
             started: Instant::now(),
+            sensors_missing: Vec::new(),
         }
     }
 }
@@ -160,7 +169,14 @@ impl Model {
                 self.pending = None;
             }
             Event::Node(u) => self.node(u),
-            Event::Paused(p) => self.training.paused = p,
+            Event::Sensors(m) => self.sensors_missing = m,
+            Event::Training(s) => {
+                self.training.paused = s.paused();
+                self.training.pause_reason = match s {
+                    crate::when::State::Paused(r) => Some(r.words()),
+                    crate::when::State::Training => None,
+                };
+            }
             Event::Earnings(e) => {
                 let total = (e.claimed + e.claimable) as f64 / 1e9;
                 let t = self.started.elapsed().as_secs_f64();
@@ -234,4 +250,12 @@ impl Model {
         let k = self.training.job?;
         self.jobs.iter().find(|r| r.address == k)
     }
+}
+
+/// "paused by you" → "Paused by you".
+fn upper_first(s: &str) -> String {
+    let mut c = s.chars();
+    c.next()
+        .map(|f| f.to_uppercase().chain(c).collect())
+        .unwrap_or_default()
 }

@@ -84,6 +84,8 @@ pub struct Settings {
     /// Jobs estimated to need more memory than this are shown as not
     /// qualifying; 0 means no cap.
     pub memory_cap_mib: u32,
+    /// When to train: idle time, games, battery, schedule, heat.
+    pub when: crate::when::Rules,
     /// Argon2id cost for new keystores: not saved, always the full cost
     /// unless a test lowers it.
     #[serde(skip)]
@@ -99,6 +101,7 @@ impl Default for Settings {
             data_dir: crate::chain::keys::home(),
             gpu: Gpu::Auto,
             memory_cap_mib: 0,
+            when: crate::when::Rules::default(),
             kdf: Default::default(),
         }
     }

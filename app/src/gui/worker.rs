@@ -4,11 +4,13 @@
 //! UI thread never waits on I/O, the chain or training.
 
 use super::sandbox::Sandbox;
+use super::sensors::Sensors;
 use super::settings::{Network, Settings};
 use crate::benchmark;
 use crate::chain::{Chain, LAMPORTS_PER_SOL, sol};
 use crate::node::{self, Earnings, OperatorEvent};
 use crate::wallet::{derive, keystore};
+use crate::when;
 use anyhow::{Context, Result, anyhow, bail};
 use cohort_program::error::CohortError;
 use cohort_program::state::{Benchmark, Candidate, Job, may_join};
@@ -125,7 +127,11 @@ pub enum Event {
         job: Pubkey,
     },
     Node(NodeUpdate),
-    Paused(bool),
+    /// Whether the node computes now, and why not (the user's pause or a
+    /// "when to train" rule).
+    Training(when::State),
+    /// The "when to train" sources this machine cannot read.
+    Sensors(Vec<&'static str>),
     Earnings(Earnings),
     Error(String),
     Info(String),
@@ -202,11 +208,17 @@ struct Worker {
     /// The job this wallet is (or was) a member of, for earnings.
     job: Option<Pubkey>,
     history: Vec<HistoryEntry>,
+    /// When to train: the user's rules and pause, applied to the node's
+    /// pause flag from the machine's readings every tick.
+    when: when::Policy,
+    sensors: Sensors,
 }
 
 impl Worker {
     fn new(settings: Settings, sink: Sink) -> Self {
         Self {
+            when: when::Policy::new(settings.when),
+            sensors: Sensors::new(),
             settings,
             sink,
             chain: None,
@@ -224,6 +236,7 @@ impl Worker {
         self.sink.send(Event::Keystore {
             exists: keystore::exists(&self.settings.keystore()),
         });
+        self.sink.send(Event::Sensors(self.sensors.missing()));
         self.connect().await;
         let mut tick = tokio::time::interval(Duration::from_millis(1500));
         loop {
@@ -236,6 +249,7 @@ impl Worker {
                     None => break,
                 },
                 _ = tick.tick() => {
+                    self.apply_when(false);
                     let r = self.refresh().await;
                     self.sink.result(r);
                 }
@@ -411,13 +425,11 @@ impl Worker {
             }
             Command::Join { job } => self.join(job).await?,
             Command::Pause | Command::Resume => {
-                let pause = matches!(c, Command::Pause);
-                let n = self
-                    .node
+                self.node
                     .as_ref()
                     .context("not training: join a job first")?;
-                n.pause.store(pause, Ordering::Relaxed);
-                self.sink.send(Event::Paused(pause));
+                self.when.by_user = matches!(c, Command::Pause);
+                self.apply_when(true);
             }
             Command::Leave => {
                 let n = self.node.take().context("not training")?;
@@ -447,7 +459,9 @@ impl Worker {
                 let reconnect = s.network != self.settings.network
                     || s.custom_url != self.settings.custom_url
                     || s.program_id != self.settings.program_id;
+                self.when.rules = s.when;
                 self.settings = s;
+                self.apply_when(true);
                 self.sink.send(Event::Info("Settings saved".into()));
                 if reconnect {
                     if let Some(n) = self.node.take() {
@@ -497,6 +511,8 @@ impl Worker {
                 sol(balance)
             );
         }
+        // A new job starts as the rules say, not paused by an old click.
+        self.when.by_user = false;
         let pause = Arc::new(AtomicBool::new(false));
         let o = node::OperatorConfig {
             job: Some(job),
@@ -535,7 +551,22 @@ impl Worker {
         self.node = Some(Running { job, pause, task });
         self.job = Some(job);
         self.sink.send(Event::Joined { job });
+        self.apply_when(true);
         Ok(())
+    }
+
+    /// Reads the machine, folds it into the "when to train" rule and sets
+    /// the node's pause flag; tells the UI when the state changed (or
+    /// always, with `tell`).
+    fn apply_when(&mut self, tell: bool) {
+        let (state, changed) = self.when.update(&self.sensors.sample());
+        let Some(n) = &self.node else {
+            return;
+        };
+        n.pause.store(state.paused(), Ordering::Relaxed);
+        if changed || tell {
+            self.sink.send(Event::Training(state));
+        }
     }
 
     /// Balance, the job board and earnings, re-read from the chain.

@@ -222,6 +222,33 @@ fn import_a_phrase_and_a_keypair_file() {
     click(&mut h, "Import keypair file");
     set_passphrase(&mut h);
     assert_eq!(h.state().model.address, Some(key.pubkey().to_string()));
+
+    // When to train: a rule changed in Settings is saved, and the sources
+    // this machine cannot read are named.
+    let data = dir.path().join("data");
+    assert!(Settings::load(&data).0.when.pause_on_battery);
+    click(&mut h, "Settings");
+    h.get_by_label_contains("Not readable on this computer yet");
+    h.get_by_role_and_label(Role::CheckBox, "Pause on battery")
+        .click();
+    h.step();
+    h.get_by_role_and_label(Role::CheckBox, "Only during these hours")
+        .click();
+    h.step();
+    h.step();
+    click(&mut h, "Save settings");
+    wait(&mut h, "the saved rules", 30, |_| {
+        let w = Settings::load(&data).0.when;
+        !w.pause_on_battery && w.schedule.is_some()
+    });
+    let w = Settings::load(&data).0.when;
+    assert_eq!(
+        w.schedule,
+        Some(cohort_app::when::Window {
+            from: 22 * 60,
+            until: 7 * 60
+        })
+    );
 }
 
 #[test]
@@ -307,6 +334,8 @@ fn sandbox_benchmark_join_train_and_claim_from_the_ui() {
     // The worker takes commands one at a time, after whatever chain reads
     // it is doing.
     wait(&mut h, "pause", 60, |a| a.model.training.paused);
+    // The status says whose pause it is.
+    h.get_by_label_contains("Paused by you");
     click(&mut h, "Resume");
     wait(&mut h, "resume", 60, |a| !a.model.training.paused);
 

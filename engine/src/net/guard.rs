@@ -83,8 +83,13 @@ pub(crate) struct Guard {
     pub(crate) recent: Recent,
     /// Weights after s updates, for the last few s (witnesses only). The
     /// node computes step t on the weights after t-1 updates (pipelining),
-    /// so that is what an audit of step t recomputes on.
+    /// so that is what an audit of step t recomputes on; see
+    /// [`Guard::computed_on`] for the first two steps of a run.
     weights_at: BTreeMap<u32, ParamSet>,
+    /// The step this run started fresh at (every member computes its first
+    /// two steps on the same weights there), or None for a member that
+    /// synced in mid-run.
+    origin: Option<u32>,
     /// Contributions drawn for audit, waiting for their momenta.
     awaiting: BTreeMap<(u32, u32), Awaited>,
     /// Audits opened, per (step, member): each is run once.
@@ -112,11 +117,27 @@ impl Guard {
             keys: cfg.members.clone(),
             recent: BTreeMap::new(),
             weights_at: BTreeMap::new(),
+            origin: None,
             awaiting: BTreeMap::new(),
             opened: BTreeSet::new(),
             kept: BTreeMap::new(),
             commitments: BTreeMap::new(),
         }
+    }
+
+    /// This run starts fresh at `step` (the epoch's first step, or 0):
+    /// steps `step` and `step + 1` are both computed on its weights.
+    pub(crate) fn start_fresh(&mut self, step: u32) {
+        self.origin = Some(step);
+    }
+
+    /// How many updates the weights that step `step` was computed on had
+    /// taken: `step - 1` (pipelining), except that a fresh run computes its
+    /// first two steps on its starting weights. (Reading `step - 1` there
+    /// looked for the previous epoch's weights, which a run never holds,
+    /// and skipped every audit of an epoch's first step.)
+    fn computed_on(&self, step: u32) -> Option<u32> {
+        computed_on(self.origin, step)
     }
 
     pub(crate) fn remember(&mut self, t: &Trainer) {
@@ -139,15 +160,23 @@ impl Guard {
         self.weights_at.retain(|s, _| keep.contains(s));
     }
 
-    /// Weight states that audits still waiting for momenta will recompute
-    /// on: the step before each, and the one before that for a chain check.
+    /// Weight states that audits may still recompute on: those waiting for
+    /// momenta (the weights of their step, and of the step before for a
+    /// chain check), and those another auditor may yet ask this one to
+    /// confirm (every kept contribution's). A confirmation arrives when the
+    /// drawer's audit is done, which on a busy machine trails by several
+    /// steps: it must find the weights as long as it finds the
+    /// contribution, or the audit is dropped and no quorum forms.
     fn pinned(&self) -> BTreeSet<u32> {
+        let steps = self
+            .awaiting
+            .keys()
+            .map(|(s, _)| *s)
+            .chain(self.kept.keys().copied());
         let mut out = BTreeSet::new();
-        for ((step, _), a) in &self.awaiting {
-            out.insert(step.saturating_sub(1));
-            if a.previous.is_some() {
-                out.insert(step.saturating_sub(2));
-            }
+        for step in steps {
+            out.extend(self.computed_on(step));
+            out.extend(step.checked_sub(1).and_then(|b| self.computed_on(b)));
         }
         out
     }
@@ -355,7 +384,7 @@ impl Guard {
         let Wait::Done(own) = own else {
             return Ok(None);
         };
-        let Some(weights) = self.weights_at.get(&step.saturating_sub(1)) else {
+        let Some(weights) = self.computed_on(step).and_then(|s| self.weights_at.get(&s)) else {
             tracing::warn!(
                 me = cfg.me,
                 member,
@@ -403,7 +432,10 @@ impl Guard {
         // The chain: replay the step before from the momentum committed
         // then, on the weights it was computed on; this one must follow.
         let before = step.wrapping_sub(1);
-        let chain_weights = self.weights_at.get(&before.saturating_sub(1));
+        let chain_weights = step
+            .checked_sub(1)
+            .and_then(|b| self.computed_on(b))
+            .and_then(|s| self.weights_at.get(&s));
         let previous = match previous {
             Some(Wait::Done(r)) if report.passed => Some(r),
             _ => None,
@@ -471,6 +503,14 @@ fn judge(r: &Revealed, refusal_fails: bool) -> Judged<&[u8]> {
     }
 }
 
+/// See [`Guard::computed_on`]: `origin` is where the run started fresh.
+fn computed_on(origin: Option<u32>, step: u32) -> Option<u32> {
+    match origin {
+        Some(o) if step <= o + 1 => (step >= o).then_some(o),
+        _ => step.checked_sub(1),
+    }
+}
+
 /// The steps whose weights a witness keeps: the newest `KEEP_WEIGHTS`, and
 /// any older one a pending audit pins.
 fn kept_weights(
@@ -504,6 +544,26 @@ mod tests {
         }
         assert_eq!(judge(&Revealed::Refused, true), Judged::Fails);
         assert_eq!(judge(&Revealed::Refused, false), Judged::Undecided);
+    }
+
+    #[test]
+    fn an_epochs_first_two_steps_are_audited_on_its_starting_weights_and_later_ones_on_the_step_before()
+     {
+        // Epoch 1 of an 8-step epoch job starts fresh after 8 updates.
+        assert_eq!(computed_on(Some(8), 8), Some(8));
+        assert_eq!(computed_on(Some(8), 9), Some(8));
+        assert_eq!(computed_on(Some(8), 10), Some(9));
+        // Nothing of the run before it is held.
+        assert_eq!(computed_on(Some(8), 7), None);
+        // The job's first epoch: the same rule as always.
+        assert_eq!(computed_on(Some(0), 0), Some(0));
+        assert_eq!(computed_on(Some(0), 1), Some(0));
+        assert_eq!(computed_on(Some(0), 5), Some(4));
+        // A member that synced mid-run: the pipelined rule only (another
+        // member's step at the sync point was computed on weights it never
+        // had, so that audit is not run rather than run on the wrong ones).
+        assert_eq!(computed_on(None, 12), Some(11));
+        assert_eq!(computed_on(None, 0), None);
     }
 
     #[test]

@@ -125,6 +125,15 @@ impl request_response::Codec for BlobCodec {
     }
 }
 
+/// The gossip topic of one epoch of one job. Each epoch is a run of its
+/// own on the same key and port, so a member still lingering in epoch e
+/// must not count as present in epoch e+1: sharing a topic across epochs
+/// let the next epoch start without it (it then missed steps, and pay).
+pub fn topic(job: &[u8; 32], epoch: u32) -> gossipsub::IdentTopic {
+    let short: String = job[..8].iter().map(|b| format!("{b:02x}")).collect();
+    gossipsub::IdentTopic::new(format!("cohort/{short}/{epoch}"))
+}
+
 /// Gossipsub peer scoring for a job's topic. Only invalid messages count
 /// (P4: what a node rejects, which every honest node would reject too; see
 /// `msg::Drop::blames_forwarder`): three in quick succession graylist the
@@ -253,6 +262,14 @@ pub fn build(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_epoch_of_a_job_gossips_on_a_topic_of_its_own() {
+        let (a, b) = ([1u8; 32], [2u8; 32]);
+        assert_eq!(topic(&a, 3).hash(), topic(&a, 3).hash());
+        assert_ne!(topic(&a, 3).hash(), topic(&a, 4).hash());
+        assert_ne!(topic(&a, 3).hash(), topic(&b, 3).hash());
+    }
 
     #[test]
     fn scoring_is_valid_and_three_invalid_messages_graylist_a_peer() {

@@ -311,7 +311,10 @@ pub(crate) fn train_loop(
     let mut basis = Basis::default();
     loop {
         match rx.recv().map_err(|_| "network task gone".to_string())? {
-            ToTrainer::Start => break,
+            ToTrainer::Start => {
+                guard.start_fresh(trainer.step());
+                break;
+            }
             ToTrainer::Snapshot {
                 bytes,
                 generation: g,

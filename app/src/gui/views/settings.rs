@@ -1,5 +1,5 @@
-//! Settings: network, data folder, training device, memory cap. Saved to
-//! the data folder; secrets never are.
+//! Settings: network, data folder, training device, memory cap, and when
+//! to train. Saved to the data folder; secrets never are.
 
 use super::{Out, field, heading};
 use crate::gui::model::Model;
@@ -63,6 +63,7 @@ pub fn show(ui: &mut egui::Ui, model: &Model, f: &mut Form, out: &mut Out) {
         ui.add(egui::DragValue::new(&mut d.memory_cap_mib).range(0..=1_048_576));
         ui.weak("0 = no cap");
     });
+    when_to_train(ui, model, &mut d.when);
     ui.add_space(8.0);
     if ui.button("Save settings").clicked() {
         d.data_dir = PathBuf::from(f.data_dir.trim());
@@ -76,4 +77,61 @@ pub fn show(ui: &mut egui::Ui, model: &Model, f: &mut Form, out: &mut Out) {
         }
         None => ui.label("Connecting…"),
     };
+}
+
+/// The "when to train" rules ([`crate::when::Rules`]).
+fn when_to_train(ui: &mut egui::Ui, model: &Model, w: &mut crate::when::Rules) {
+    ui.add_space(8.0);
+    ui.strong("When to train");
+    ui.horizontal(|ui| {
+        ui.add_sized([150.0, 20.0], egui::Label::new("Idle for (minutes)"));
+        ui.add(egui::DragValue::new(&mut w.idle_minutes).range(0..=240));
+        ui.weak("0 = also while you use the computer");
+    });
+    ui.checkbox(
+        &mut w.pause_on_fullscreen,
+        "Pause while a full-screen program (a game) is in front",
+    );
+    ui.horizontal(|ui| {
+        ui.add_sized([150.0, 20.0], egui::Label::new("GPU busy above (%)"));
+        ui.add(egui::DragValue::new(&mut w.busy_gpu_percent).range(1..=100));
+        ui.weak("other programs' use; 100 = never pause for it");
+    });
+    ui.checkbox(&mut w.pause_on_battery, "Pause on battery");
+    ui.horizontal(|ui| {
+        ui.add_sized([150.0, 20.0], egui::Label::new("GPU limit (°C)"));
+        ui.add(egui::DragValue::new(&mut w.thermal_limit_c).range(0..=110));
+        ui.weak(format!(
+            "pauses there, resumes {} °C below; 0 = no limit",
+            crate::when::COOL_DOWN_C
+        ));
+    });
+    let mut scheduled = w.schedule.is_some();
+    ui.checkbox(&mut scheduled, "Only during these hours");
+    match (scheduled, &mut w.schedule) {
+        (false, s) => *s = None,
+        (true, s @ None) => {
+            *s = Some(crate::when::Window {
+                from: 22 * 60,
+                until: 7 * 60,
+            })
+        }
+        (true, Some(win)) => {
+            ui.horizontal(|ui| {
+                ui.add_sized([150.0, 20.0], egui::Label::new("From, until (hour)"));
+                let mut from = win.from / 60;
+                let mut until = win.until / 60;
+                ui.add(egui::DragValue::new(&mut from).range(0..=23));
+                ui.add(egui::DragValue::new(&mut until).range(0..=23));
+                win.from = from * 60;
+                win.until = until * 60;
+            });
+        }
+    }
+    if !model.sensors_missing.is_empty() {
+        ui.weak(format!(
+            "Not readable on this computer yet, so never a reason to pause: {}.",
+            model.sensors_missing.join(", ")
+        ));
+    }
 }

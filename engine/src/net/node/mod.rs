@@ -449,11 +449,19 @@ impl Net {
                     .report_message_validation_result(&message_id, &propagation_source, verdict);
                 self.drive();
             }
+            // Only this epoch's topic counts: the same member's run of
+            // another epoch may still be up on the same key.
             SwarmEvent::Behaviour(BehaviourEvent::Gossip(gossipsub::Event::Subscribed {
                 peer_id,
-                ..
-            })) => {
+                topic,
+            })) if topic == self.topic.hash() => {
                 self.subscribed.insert(peer_id);
+            }
+            SwarmEvent::Behaviour(BehaviourEvent::Gossip(gossipsub::Event::Unsubscribed {
+                peer_id,
+                topic,
+            })) if topic == self.topic.hash() => {
+                self.subscribed.remove(&peer_id);
             }
             SwarmEvent::Behaviour(BehaviourEvent::Ping(ping::Event {
                 peer,
@@ -639,6 +647,11 @@ impl Net {
                 report,
             } => {
                 self.auditing.remove(&(step, member));
+                // Done and no longer auditing: say so now, so peers staying
+                // for this node's audits can leave before it does.
+                if self.done.is_some() && self.auditing.is_empty() {
+                    self.heartbeat();
+                }
                 let Some(report) = report else {
                     return Ok(());
                 };
@@ -734,10 +747,14 @@ impl Net {
         });
         // A slashed peer's audits count for nothing, so its claim to be
         // auditing keeps nobody; a slashed node itself has nobody to stay for.
-        let peer_auditing = self
-            .peers_auditing
-            .iter()
-            .any(|m| !self.machine.is_slashed(*m));
+        // Nor does a peer gone quiet: one that finished its audits and left
+        // before its next heartbeat said so kept every other node here for
+        // the whole patience (60 s), and the next epoch started without
+        // them.
+        let peer_auditing = self.peers_auditing.iter().any(|m| {
+            !self.machine.is_slashed(*m)
+                && self.machine.heard_within(now_d, *m, Duration::from_secs(5))
+        });
         if self.machine.is_slashed(self.cfg.me) {
             return true;
         }
@@ -804,7 +821,7 @@ pub async fn run_with_control(
             return Err(NodeError::Config(format!("cannot dial {a}: {e}")));
         }
     }
-    let topic = IdentTopic::new(format!("cohort/{}", hex(&cfg.job[..8])));
+    let topic = swarm::topic(&cfg.job, cfg.epoch);
     swarm
         .behaviour_mut()
         .gossip

@@ -1,0 +1,127 @@
+//! Reads the machine for the "when to train" rule ([`crate::when`]): the
+//! power source and the time of day today. A source this platform or build
+//! cannot read stays `None`, and the rule that needs it never pauses; the
+//! settings screen says which those are ([`Sensors::missing`]).
+
+use crate::when::Sample;
+use std::path::Path;
+use std::time::Instant;
+
+/// The machine's sources, opened once.
+pub struct Sensors {
+    started: Instant,
+    /// Linux: `/sys/class/power_supply`, read each sample (a few files).
+    power: Option<&'static Path>,
+}
+
+impl Default for Sensors {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Sensors {
+    pub fn new() -> Self {
+        let sys = Path::new("/sys/class/power_supply");
+        Sensors {
+            started: Instant::now(),
+            power: (cfg!(target_os = "linux") && sys.is_dir()).then_some(sys),
+        }
+    }
+
+    /// One reading now.
+    pub fn sample(&self) -> Sample {
+        use chrono::Timelike;
+        let local = chrono::Local::now();
+        Sample {
+            at: self.started.elapsed(),
+            minute_of_day: (local.hour() * 60 + local.minute()) as u16,
+            on_battery: self.power.and_then(on_battery),
+            ..Sample::default()
+        }
+    }
+
+    /// The rules that cannot act on this machine yet, in words.
+    pub fn missing(&self) -> Vec<&'static str> {
+        let mut out = vec![
+            "keyboard and mouse idle time",
+            "full-screen windows",
+            "other programs' GPU load",
+            "GPU temperature",
+        ];
+        if self.power.is_none() {
+            out.push("battery");
+        }
+        out
+    }
+}
+
+/// Linux: on battery when no mains supply is online and a battery is
+/// discharging; `None` on a machine with neither (a desktop or a VM
+/// reports no supplies at all, and is treated as on the mains).
+fn on_battery(dir: &Path) -> Option<bool> {
+    let read = |p: &Path, f: &str| {
+        std::fs::read_to_string(p.join(f))
+            .ok()
+            .map(|s| s.trim().to_string())
+    };
+    let mut mains = None;
+    let mut discharging = None;
+    for e in std::fs::read_dir(dir).ok()?.flatten() {
+        let p = e.path();
+        match read(&p, "type").as_deref() {
+            Some("Mains") => {
+                let online = read(&p, "online").as_deref() == Some("1");
+                mains = Some(mains.unwrap_or(false) || online);
+            }
+            Some("Battery") => {
+                let d = read(&p, "status").as_deref() == Some("Discharging");
+                discharging = Some(discharging.unwrap_or(false) || d);
+            }
+            _ => {}
+        }
+    }
+    match (mains, discharging) {
+        (Some(true), _) => Some(false),
+        (_, Some(d)) => Some(d),
+        (Some(false), None) => Some(false),
+        (None, None) => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn supply(dir: &Path, name: &str, files: &[(&str, &str)]) {
+        let d = dir.join(name);
+        std::fs::create_dir_all(&d).unwrap();
+        for (f, v) in files {
+            std::fs::write(d.join(f), format!("{v}\n")).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_laptop_unplugged_is_on_battery_and_plugged_in_is_not() {
+        let t = tempfile::tempdir().unwrap();
+        assert_eq!(on_battery(t.path()), None);
+        supply(t.path(), "AC", &[("type", "Mains"), ("online", "0")]);
+        supply(
+            t.path(),
+            "BAT0",
+            &[("type", "Battery"), ("status", "Discharging")],
+        );
+        assert_eq!(on_battery(t.path()), Some(true));
+        supply(t.path(), "AC", &[("type", "Mains"), ("online", "1")]);
+        supply(
+            t.path(),
+            "BAT0",
+            &[("type", "Battery"), ("status", "Charging")],
+        );
+        assert_eq!(on_battery(t.path()), Some(false));
+        // A desktop with a UPS reported as a mains supply only.
+        let d = tempfile::tempdir().unwrap();
+        supply(d.path(), "ups", &[("type", "Mains"), ("online", "1")]);
+        assert_eq!(on_battery(d.path()), Some(false));
+    }
+}
