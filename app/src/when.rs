@@ -8,14 +8,16 @@
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
-/// What the user chose. The defaults are what a gamer would expect: train
-/// only after five idle minutes, never over a game or on battery, stop
-/// when the GPU runs hot.
+/// What the user chose. The defaults are what a gamer would expect: never
+/// over a game (full screen, or another program busy on the GPU), not on
+/// battery, stop when the GPU runs hot; training while the user works at
+/// the desktop is on, so a first Join trains at once (an idle wait is one
+/// setting away).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Rules {
     /// Train only after this many minutes without keyboard or mouse input
-    /// (0: also while the user is at the machine).
+    /// (0, the default: also while the user is at the machine).
     pub idle_minutes: u32,
     /// Pause while other programs use more than this share of the GPU, in
     /// percent (a game, a render, a video call); 100 turns the rule off.
@@ -34,7 +36,7 @@ pub struct Rules {
 impl Default for Rules {
     fn default() -> Self {
         Rules {
-            idle_minutes: 5,
+            idle_minutes: 0,
             busy_gpu_percent: 30,
             pause_on_fullscreen: true,
             pause_on_battery: true,
@@ -229,6 +231,16 @@ impl Policy {
 mod tests {
     use super::*;
 
+    /// The defaults with a five-minute idle wait.
+    const IDLE_5: Rules = Rules {
+        idle_minutes: 5,
+        busy_gpu_percent: 30,
+        pause_on_fullscreen: true,
+        pause_on_battery: true,
+        schedule: None,
+        thermal_limit_c: 83,
+    };
+
     /// A fake machine: a clock and the sources, advanced by the test.
     struct Machine {
         policy: Policy,
@@ -272,7 +284,7 @@ mod tests {
 
     #[test]
     fn idle_then_training_then_the_user_returns_and_it_pauses_then_resumes_when_idle_again() {
-        let mut m = Machine::new(Rules::default());
+        let mut m = Machine::new(IDLE_5);
         assert_eq!(m.read(), State::Paused(Reason::UserActive));
         assert_eq!(m.wait(4 * 60 + 59), State::Paused(Reason::UserActive));
         assert_eq!(m.wait(1), State::Training);
@@ -284,7 +296,7 @@ mod tests {
 
     #[test]
     fn a_change_is_reported_once() {
-        let mut m = Machine::new(Rules::default());
+        let mut m = Machine::new(IDLE_5);
         m.wait(300);
         let (_, changed) = m.policy.update(&m.s);
         assert!(!changed);
@@ -298,16 +310,20 @@ mod tests {
 
     #[test]
     fn zero_idle_minutes_trains_while_the_user_works() {
-        let mut m = Machine::new(Rules {
-            idle_minutes: 0,
-            ..Rules::default()
-        });
+        let mut m = Machine::new(Rules::default());
         assert_eq!(m.input(), State::Training);
+        assert_eq!(
+            Rules::default(),
+            Rules {
+                idle_minutes: 0,
+                ..IDLE_5
+            }
+        );
     }
 
     #[test]
     fn the_thermal_limit_pauses_and_training_resumes_only_after_cooling_down() {
-        let mut m = Machine::new(Rules::default());
+        let mut m = Machine::new(IDLE_5);
         m.wait(300);
         m.s.gpu_temp_c = Some(83);
         assert_eq!(m.read(), State::Paused(Reason::TooHot { celsius: 83 }));
@@ -324,7 +340,7 @@ mod tests {
 
     #[test]
     fn on_battery_it_pauses_and_back_on_the_mains_it_resumes() {
-        let mut m = Machine::new(Rules::default());
+        let mut m = Machine::new(IDLE_5);
         m.wait(300);
         m.s.on_battery = Some(true);
         assert_eq!(m.read(), State::Paused(Reason::OnBattery));
@@ -350,7 +366,7 @@ mod tests {
         assert!(day.contains(9 * 60) && !day.contains(17 * 60) && !day.contains(3 * 60));
         let mut m = Machine::new(Rules {
             schedule: Some(night),
-            ..Rules::default()
+            ..IDLE_5
         });
         m.wait(300);
         assert_eq!(m.read(), State::Paused(Reason::OutsideSchedule));
@@ -360,7 +376,7 @@ mod tests {
 
     #[test]
     fn a_game_on_the_gpu_pauses_and_training_waits_for_a_quiet_minute() {
-        let mut m = Machine::new(Rules::default());
+        let mut m = Machine::new(IDLE_5);
         m.wait(300);
         // A game in a window (not full screen) with the controller idle.
         m.s.other_gpu_percent = Some(90);
@@ -377,7 +393,7 @@ mod tests {
 
     #[test]
     fn sources_this_platform_cannot_read_never_pause() {
-        let mut m = Machine::new(Rules::default());
+        let mut m = Machine::new(IDLE_5);
         m.s = Sample {
             at: Duration::from_secs(1),
             minute_of_day: 0,
@@ -388,7 +404,7 @@ mod tests {
 
     #[test]
     fn the_users_pause_outranks_every_rule_and_the_first_reason_is_shown() {
-        let mut m = Machine::new(Rules::default());
+        let mut m = Machine::new(IDLE_5);
         m.s.on_battery = Some(true);
         m.s.gpu_temp_c = Some(90);
         assert_eq!(m.read(), State::Paused(Reason::TooHot { celsius: 90 }));

@@ -11,6 +11,8 @@ pub mod tour;
 pub mod tray;
 pub mod views;
 pub mod worker;
+#[cfg(target_os = "linux")]
+pub mod x11;
 
 use anyhow::{Result, bail};
 use eframe::egui;

@@ -1,7 +1,8 @@
 //! Reads the machine for the "when to train" rule ([`crate::when`]): the
-//! power source and the time of day today. A source this platform or build
-//! cannot read stays `None`, and the rule that needs it never pauses; the
-//! settings screen says which those are ([`Sensors::missing`]).
+//! power source, input idle time and full-screen windows (Linux, X11), and
+//! the time of day. A source this platform or session cannot read stays
+//! `None`, and the rule that needs it never pauses; the settings screen says
+//! which those are ([`Sensors::missing`]).
 
 use crate::when::Sample;
 use std::path::Path;
@@ -12,6 +13,8 @@ pub struct Sensors {
     started: Instant,
     /// Linux: `/sys/class/power_supply`, read each sample (a few files).
     power: Option<&'static Path>,
+    #[cfg(target_os = "linux")]
+    x11: Option<super::x11::X11>,
 }
 
 impl Default for Sensors {
@@ -26,6 +29,8 @@ impl Sensors {
         Sensors {
             started: Instant::now(),
             power: (cfg!(target_os = "linux") && sys.is_dir()).then_some(sys),
+            #[cfg(target_os = "linux")]
+            x11: super::x11::X11::open(),
         }
     }
 
@@ -33,9 +38,18 @@ impl Sensors {
     pub fn sample(&self) -> Sample {
         use chrono::Timelike;
         let local = chrono::Local::now();
+        #[cfg(target_os = "linux")]
+        let (input_idle, fullscreen) = self
+            .x11
+            .as_ref()
+            .map_or((None, None), |x| (x.input_idle(), x.fullscreen()));
+        #[cfg(not(target_os = "linux"))]
+        let (input_idle, fullscreen) = (None, None);
         Sample {
             at: self.started.elapsed(),
             minute_of_day: (local.hour() * 60 + local.minute()) as u16,
+            input_idle,
+            fullscreen,
             on_battery: self.power.and_then(on_battery),
             ..Sample::default()
         }
@@ -43,13 +57,15 @@ impl Sensors {
 
     /// The rules that cannot act on this machine yet, in words.
     pub fn missing(&self) -> Vec<&'static str> {
-        let mut out = vec![
-            "keyboard and mouse idle time",
-            "full-screen windows",
-            "other programs' GPU load",
-            "GPU temperature",
-        ];
-        if self.power.is_none() {
+        let mut out = vec!["other programs' GPU load", "GPU temperature"];
+        let s = self.sample();
+        if s.input_idle.is_none() {
+            out.push("keyboard and mouse idle time");
+        }
+        if s.fullscreen.is_none() {
+            out.push("full-screen windows");
+        }
+        if s.on_battery.is_none() {
             out.push("battery");
         }
         out
