@@ -217,6 +217,23 @@ pub struct Selected {
     pub reason: String,
 }
 
+/// wgpu on a hardware adapter only: what a test that wants "another
+/// backend" means. A software rasterizer (lavapipe, llvmpipe) is the CPU
+/// again, hundreds of times slower, and installing Mesa's Vulkan drivers
+/// made the P2P attackers test run a member on it and time out.
+pub fn hardware_wgpu() -> Option<Selected> {
+    let a = wgpu_adapters()
+        .into_iter()
+        .find(|a| a.device_type != wgpu::DeviceType::Cpu)?;
+    Some(Selected {
+        engine: Box::new(BurnEngine::<Autodiff<Wgpu>> {
+            device: Default::default(),
+            kind: BackendKind::Wgpu,
+        }),
+        reason: format!("wgpu: {} ({:?}, {:?})", a.name, a.device_type, a.backend),
+    })
+}
+
 pub fn select(choice: BackendChoice) -> Result<Selected, EngineError> {
     let cuda = || -> Result<Selected, String> {
         let name = cuda_probe()?;

@@ -6,7 +6,7 @@
 use cohort_engine::adversary::Mode;
 use cohort_engine::arena::{self, ArenaConfig, ArenaReport};
 use cohort_engine::audit::AuditConfig;
-use cohort_engine::backend::{self, BackendKind, GradientEngine};
+use cohort_engine::backend::{self, GradientEngine};
 use cohort_engine::data::Corpus;
 use cohort_engine::net::msg::Manifest;
 use cohort_engine::net::step::{StepMachine, Timing, Verdict};
@@ -199,9 +199,9 @@ fn an_equivocating_leader_is_caught_and_splits_nobody() {
 /// rounding differs between GPUs): nobody is accused.
 #[test]
 fn honest_members_audited_by_a_witness_that_computes_differently_are_never_accused() {
-    let (engine, micro, label) = match backend::select(backend::BackendChoice::Wgpu) {
-        Ok(s) if s.engine.kind() == BackendKind::Wgpu => (s.engine, 8, "wgpu"),
-        _ => (
+    let (engine, micro, label) = match backend::hardware_wgpu() {
+        Some(s) => (s.engine, 8, "wgpu"),
+        None => (
             backend::cpu() as Box<dyn GradientEngine>,
             1,
             "cpu, micro-batch 1",

@@ -1,6 +1,6 @@
 //! The engine trains, stays bit-identical across members, and survives restarts.
 
-use cohort_engine::backend::{self, BackendKind, GradientEngine};
+use cohort_engine::backend::{self, GradientEngine};
 use cohort_engine::data::Corpus;
 use cohort_engine::runner::{self, RunConfig};
 use cohort_engine::trainer::{Identity, TrainConfig, Trainer};
@@ -61,9 +61,9 @@ fn loss_falls_on_the_bundled_corpus() {
 /// adapter exists, else the CPU with another micro-batch split (another
 /// summation order).
 fn other_engine() -> (Box<dyn GradientEngine>, usize, &'static str) {
-    match backend::select(backend::BackendChoice::Wgpu) {
-        Ok(s) if s.engine.kind() == BackendKind::Wgpu => (s.engine, 8, "wgpu"),
-        _ => (backend::cpu(), 1, "cpu, micro-batch 1"),
+    match backend::hardware_wgpu() {
+        Some(s) => (s.engine, 8, "wgpu"),
+        None => (backend::cpu(), 1, "cpu, micro-batch 1"),
     }
 }
 

@@ -747,14 +747,10 @@ impl Net {
         });
         // A slashed peer's audits count for nothing, so its claim to be
         // auditing keeps nobody; a slashed node itself has nobody to stay for.
-        // Nor does a peer gone quiet: one that finished its audits and left
-        // before its next heartbeat said so kept every other node here for
-        // the whole patience (60 s), and the next epoch started without
-        // them.
-        let peer_auditing = self.peers_auditing.iter().any(|m| {
-            !self.machine.is_slashed(*m)
-                && self.machine.heard_within(now_d, *m, Duration::from_secs(5))
-        });
+        let peer_auditing = self
+            .peers_auditing
+            .iter()
+            .any(|m| !self.machine.is_slashed(*m));
         if self.machine.is_slashed(self.cfg.me) {
             return true;
         }
@@ -895,6 +891,21 @@ pub async fn run_with_control(
             }
         }
     };
+    // A last heartbeat, given a moment to leave: peers staying for this
+    // node's audits learn at once that it is done (without it, one that
+    // left before its next beat kept them for the whole patience, 60 s,
+    // and the next epoch started without them).
+    if failed.is_none() {
+        net.heartbeat();
+        let flush = tokio::time::sleep(Duration::from_millis(300));
+        tokio::pin!(flush);
+        loop {
+            tokio::select! {
+                _ = &mut flush => break,
+                ev = net.swarm.select_next_some() => net.on_swarm(ev),
+            }
+        }
+    }
     for e in std::mem::take(&mut net.events) {
         on_event(&e);
     }
