@@ -222,16 +222,31 @@ pub struct Selected {
 /// again, hundreds of times slower, and installing Mesa's Vulkan drivers
 /// made the P2P attackers test run a member on it and time out.
 pub fn hardware_wgpu() -> Option<Selected> {
-    let a = wgpu_adapters()
-        .into_iter()
-        .find(|a| a.device_type != wgpu::DeviceType::Cpu)?;
-    Some(Selected {
-        engine: Box::new(BurnEngine::<Autodiff<Wgpu>> {
-            device: Default::default(),
-            kind: BackendKind::Wgpu,
+    wgpu_engine(false).ok()
+}
+
+/// wgpu on the first hardware adapter, or (when allowed) on a software one.
+fn wgpu_engine(allow_software: bool) -> Result<Selected, String> {
+    let adapters = wgpu_adapters();
+    let hardware = adapters
+        .iter()
+        .find(|a| a.device_type != wgpu::DeviceType::Cpu);
+    let pick = hardware.or(if allow_software {
+        adapters.first()
+    } else {
+        None
+    });
+    match pick {
+        Some(a) => Ok(Selected {
+            engine: Box::new(BurnEngine::<Autodiff<Wgpu>> {
+                device: Default::default(),
+                kind: BackendKind::Wgpu,
+            }),
+            reason: format!("wgpu: {} ({:?}, {:?})", a.name, a.device_type, a.backend),
         }),
-        reason: format!("wgpu: {} ({:?}, {:?})", a.name, a.device_type, a.backend),
-    })
+        None if adapters.is_empty() => Err("no wgpu adapter found".into()),
+        None => Err("only software wgpu adapters found".into()),
+    }
 }
 
 pub fn select(choice: BackendChoice) -> Result<Selected, EngineError> {
@@ -245,38 +260,16 @@ pub fn select(choice: BackendChoice) -> Result<Selected, EngineError> {
             reason: format!("cuda: {name}"),
         })
     };
-    let wgpu = |allow_software: bool| -> Result<Selected, String> {
-        let adapters = wgpu_adapters();
-        let hardware = adapters
-            .iter()
-            .find(|a| a.device_type != wgpu::DeviceType::Cpu);
-        let pick = hardware.or(if allow_software {
-            adapters.first()
-        } else {
-            None
-        });
-        match pick {
-            Some(a) => Ok(Selected {
-                engine: Box::new(BurnEngine::<Autodiff<Wgpu>> {
-                    device: Default::default(),
-                    kind: BackendKind::Wgpu,
-                }),
-                reason: format!("wgpu: {} ({:?}, {:?})", a.name, a.device_type, a.backend),
-            }),
-            None if adapters.is_empty() => Err("no wgpu adapter found".into()),
-            None => Err("only software wgpu adapters found".into()),
-        }
-    };
     match choice {
         BackendChoice::Cpu => Ok(Selected {
             engine: cpu(),
             reason: "cpu: chosen explicitly".into(),
         }),
         BackendChoice::Cuda => cuda().map_err(EngineError::Backend),
-        BackendChoice::Wgpu => wgpu(true).map_err(EngineError::Backend),
+        BackendChoice::Wgpu => wgpu_engine(true).map_err(EngineError::Backend),
         BackendChoice::Auto => match cuda() {
             Ok(s) => Ok(s),
-            Err(why_not_cuda) => match wgpu(false) {
+            Err(why_not_cuda) => match wgpu_engine(false) {
                 Ok(mut s) => {
                     s.reason = format!("{} ({why_not_cuda})", s.reason);
                     Ok(s)

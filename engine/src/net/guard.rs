@@ -173,12 +173,7 @@ impl Guard {
             .keys()
             .map(|(s, _)| *s)
             .chain(self.kept.keys().copied());
-        let mut out = BTreeSet::new();
-        for step in steps {
-            out.extend(self.computed_on(step));
-            out.extend(step.checked_sub(1).and_then(|b| self.computed_on(b)));
-        }
-        out
+        pins(steps, self.origin)
     }
 
     /// Screens step `step`'s contributions (identically on every node) and
@@ -503,6 +498,17 @@ fn judge(r: &Revealed, refusal_fails: bool) -> Judged<&[u8]> {
     }
 }
 
+/// The weight states audits of `steps` recompute on: each step's own, and
+/// the step before's for its chain check.
+fn pins(steps: impl Iterator<Item = u32>, origin: Option<u32>) -> BTreeSet<u32> {
+    let mut out = BTreeSet::new();
+    for step in steps {
+        out.extend(computed_on(origin, step));
+        out.extend(step.checked_sub(1).and_then(|b| computed_on(origin, b)));
+    }
+    out
+}
+
 /// See [`Guard::computed_on`]: `origin` is where the run started fresh.
 fn computed_on(origin: Option<u32>, step: u32) -> Option<u32> {
     match origin {
@@ -564,6 +570,21 @@ mod tests {
         // had, so that audit is not run rather than run on the wrong ones).
         assert_eq!(computed_on(None, 12), Some(11));
         assert_eq!(computed_on(None, 0), None);
+    }
+
+    #[test]
+    fn a_contribution_kept_for_confirmation_keeps_the_weights_its_audit_needs() {
+        // Weights after 0..=11 updates held; contributions of steps 3..12
+        // kept for a confirmation that may come late. Before, only open
+        // audits pinned weights: the newest 8 (4..=11) stayed, and a
+        // confirmation of step 3, 4 or 5 was skipped for want of the
+        // weights its recomputation or chain check runs on (1..=3).
+        let kept: Vec<u32> = (3..12).collect();
+        let weights = kept_weights(0..12, &pins(kept.iter().copied(), Some(0)));
+        for s in 1..12 {
+            assert!(weights.contains(&s), "weights after {s} updates evicted");
+        }
+        assert!(!weights.contains(&0), "{weights:?}");
     }
 
     #[test]

@@ -130,7 +130,7 @@ impl request_response::Codec for BlobCodec {
 /// must not count as present in epoch e+1: sharing a topic across epochs
 /// let the next epoch start without it (it then missed steps, and pay).
 pub fn topic(job: &[u8; 32], epoch: u32) -> gossipsub::IdentTopic {
-    let short: String = job[..8].iter().map(|b| format!("{b:02x}")).collect();
+    let short = super::node::hex(&job[..8]);
     gossipsub::IdentTopic::new(format!("cohort/{short}/{epoch}"))
 }
 
