@@ -149,7 +149,9 @@ pub async fn run(opts: Options) -> Result<Summary> {
                             "epoch {epoch}, loss {loss:.3}, {contributors} contributors"
                         ));
                     }
-                    OperatorEvent::Links(_) | OperatorEvent::Audit(_) => {}
+                    OperatorEvent::Links(_)
+                    | OperatorEvent::Audit(_)
+                    | OperatorEvent::Convicted { .. } => {}
                 }
             };
             let r = node::operate(&chain, &me, &o, &report).await;

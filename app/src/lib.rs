@@ -5,6 +5,7 @@ pub mod benchmark;
 pub mod chain;
 pub mod cli;
 pub mod demo;
+pub mod estimate;
 pub mod fraud;
 pub mod gui;
 pub mod job;

@@ -93,8 +93,12 @@ pub fn run(raw: &[String]) -> Result<()> {
             .map(|n| n.get())
             .unwrap_or(1),
     )?;
-    // The engine's CPU work runs on rayon's global pool: give it the same
-    // threads PyTorch gets (before anything has started the pool).
+    // The engine's CPU work runs on rayon's global pool, and its matrix
+    // products on matrixmultiply's own threads (sized by MATMUL_NUM_THREADS,
+    // else every physical core): give both the threads PyTorch gets, before
+    // anything has started either.
+    // SAFETY: no other thread exists yet; the bench reads its flags first.
+    unsafe { std::env::set_var("MATMUL_NUM_THREADS", threads.to_string()) };
     rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build_global()

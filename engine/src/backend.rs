@@ -222,20 +222,18 @@ pub struct Selected {
 /// again, hundreds of times slower, and installing Mesa's Vulkan drivers
 /// made the P2P attackers test run a member on it and time out.
 pub fn hardware_wgpu() -> Option<Selected> {
-    wgpu_engine(false).ok()
+    wgpu_engine().ok()
 }
 
-/// wgpu on the first hardware adapter, or (when allowed) on a software one.
-fn wgpu_engine(allow_software: bool) -> Result<Selected, String> {
+/// wgpu on the first hardware adapter. A software rasterizer is refused even
+/// when wgpu is asked for by name: it is the CPU again, hundreds of times
+/// slower, and a benchmark or GPU check run on it would report a GPU figure
+/// that is not one.
+fn wgpu_engine() -> Result<Selected, String> {
     let adapters = wgpu_adapters();
-    let hardware = adapters
+    let pick = adapters
         .iter()
         .find(|a| a.device_type != wgpu::DeviceType::Cpu);
-    let pick = hardware.or(if allow_software {
-        adapters.first()
-    } else {
-        None
-    });
     match pick {
         Some(a) => Ok(Selected {
             engine: Box::new(BurnEngine::<Autodiff<Wgpu>> {
@@ -245,7 +243,14 @@ fn wgpu_engine(allow_software: bool) -> Result<Selected, String> {
             reason: format!("wgpu: {} ({:?}, {:?})", a.name, a.device_type, a.backend),
         }),
         None if adapters.is_empty() => Err("no wgpu adapter found".into()),
-        None => Err("only software wgpu adapters found".into()),
+        None => Err(format!(
+            "only software wgpu adapters found ({}): that is the CPU again, use the cpu backend",
+            adapters
+                .iter()
+                .map(|a| a.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
     }
 }
 
@@ -266,10 +271,10 @@ pub fn select(choice: BackendChoice) -> Result<Selected, EngineError> {
             reason: "cpu: chosen explicitly".into(),
         }),
         BackendChoice::Cuda => cuda().map_err(EngineError::Backend),
-        BackendChoice::Wgpu => wgpu_engine(true).map_err(EngineError::Backend),
+        BackendChoice::Wgpu => wgpu_engine().map_err(EngineError::Backend),
         BackendChoice::Auto => match cuda() {
             Ok(s) => Ok(s),
-            Err(why_not_cuda) => match wgpu_engine(false) {
+            Err(why_not_cuda) => match wgpu_engine() {
                 Ok(mut s) => {
                     s.reason = format!("{} ({why_not_cuda})", s.reason);
                     Ok(s)

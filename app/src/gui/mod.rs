@@ -3,7 +3,10 @@
 //! worker's events into the model, renders the current screen and sends
 //! what the user asked for. The worker thread owns every I/O resource.
 
+pub mod autostart;
+pub mod gpu;
 pub mod model;
+pub mod notify;
 pub mod sandbox;
 pub mod sensors;
 pub mod settings;
@@ -28,6 +31,7 @@ pub struct CohortApp {
     pub views: Views,
     worker: worker::Handle,
     tray: Option<tray::Tray>,
+    pub notifier: notify::Notifier,
     /// Milliseconds each `ui` call took (the app's share of a frame).
     pub frame_ms: Vec<f64>,
     /// eframe's CPU time per frame: the app's `ui` plus tessellation and
@@ -39,12 +43,14 @@ pub struct CohortApp {
 }
 
 impl CohortApp {
-    /// Starts the worker on `settings`; `ctx` is woken by its events.
-    pub fn new(settings: Settings, ctx: &egui::Context, with_tray: bool) -> Self {
+    /// Starts the worker on `settings`; `ctx` is woken by its events. With
+    /// `desktop` the app joins the desktop: the tray, notifications, login
+    /// items (tests and the tour stay out of it).
+    pub fn new(settings: Settings, ctx: &egui::Context, desktop: bool) -> Self {
         let c = ctx.clone();
         let repaint: Arc<dyn Fn() + Send + Sync> = Arc::new(move || c.request_repaint());
         let views = Views::new(&settings);
-        let tray = if with_tray {
+        let tray = if desktop {
             tray::start(repaint.clone())
         } else {
             None
@@ -52,7 +58,8 @@ impl CohortApp {
         Self {
             model: Model::default(),
             views,
-            worker: worker::spawn(settings, repaint),
+            worker: worker::spawn(settings, repaint, desktop),
+            notifier: notify::Notifier::new(desktop),
             tray,
             frame_ms: Vec::new(),
             frame_cpu_ms: Vec::new(),
@@ -77,6 +84,14 @@ impl CohortApp {
     pub fn ui(&mut self, ui: &mut egui::Ui) {
         let t0 = Instant::now();
         self.pump();
+        let in_front = ui.ctx().input(|i| i.focused);
+        for a in std::mem::take(&mut self.model.alerts) {
+            self.notifier.alert(a, in_front);
+        }
+        let status = self.model.tray_status(sensors::secs_since_midnight());
+        if let Some(tray) = &mut self.tray {
+            tray.show(&status);
+        }
         if let Some(tray) = &self.tray {
             while let Some(a) = tray.poll() {
                 match a {
@@ -216,9 +231,11 @@ impl eframe::App for CohortApp {
 }
 
 pub const USAGE: &str = "\
-Usage: cohort [app] [--data DIR] [--tour DIR] [--first-frame FILE] [--bare]
+Usage: cohort [app] [--data DIR] [--minimized] [--tour DIR] [--first-frame FILE] [--bare]
   The desktop app (needs a display). Sandbox is the default network.
   --data DIR          wallet, settings and node state           [~/.cohort]
+  --minimized         start with the window minimised (how the app starts with
+                      the computer, when Settings asks it to)
   --tour DIR          walk every screen on a fresh Sandbox wallet, saving a
                       screenshot of each into DIR, and frame times to DIR/frames.json
   --first-frame FILE  exit after the first frame, writing to FILE its time since
@@ -245,6 +262,7 @@ pub fn main(args: &[String], started: Instant) -> Result<()> {
     let mut tour_dir = None;
     let mut first = None;
     let mut bare = false;
+    let mut minimized = false;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let mut value = |n: &str| {
@@ -257,6 +275,8 @@ pub fn main(args: &[String], started: Instant) -> Result<()> {
             "--tour" => tour_dir = Some(std::path::PathBuf::from(value("--tour")?)),
             "--first-frame" => first = Some(std::path::PathBuf::from(value("--first-frame")?)),
             "--bare" => bare = true,
+            // How the login item starts it (see `autostart`).
+            "--minimized" => minimized = true,
             "--help" | "-h" => {
                 print!("{USAGE}");
                 return Ok(());
@@ -299,6 +319,10 @@ pub fn main(args: &[String], started: Instant) -> Result<()> {
                     report: first,
                     frames: 0,
                 }));
+            }
+            if minimized {
+                cc.egui_ctx
+                    .send_viewport_cmd(egui::ViewportCommand::Minimized(true));
             }
             // The tray is on for the timed start too: it is part of what a
             // user's launch costs.

@@ -3,6 +3,7 @@
 
 use super::worker::{Event, HistoryEntry, JobRow, NodeUpdate};
 use crate::benchmark::Report;
+use crate::chain::sol;
 use crate::node::Earnings;
 use cohort_program::state::Benchmark;
 use solana_sdk::pubkey::Pubkey;
@@ -14,6 +15,28 @@ use zeroize::Zeroizing;
 pub enum Notice {
     Error(String),
     Info(String),
+}
+
+/// Something a user away from the window would want to hear: shown as a
+/// desktop notification while the window is not in front.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Alert {
+    pub title: String,
+    pub body: String,
+}
+
+/// What the tray shows: the state in a few words and the day's earnings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrayStatus {
+    pub state: String,
+    /// Lamports earned since local midnight.
+    pub today: u64,
+}
+
+impl TrayStatus {
+    pub fn line(&self) -> String {
+        format!("{} · today {}", self.state, crate::chain::sol(self.today))
+    }
 }
 
 /// Another member as the training view shows it.
@@ -30,6 +53,8 @@ pub struct Peer {
 #[derive(Default)]
 pub struct Training {
     pub job: Option<Pubkey>,
+    /// Seconds after the app started that this node joined the job.
+    pub joined_at: f64,
     pub epoch: u32,
     pub done: u32,
     pub of: u32,
@@ -93,6 +118,10 @@ pub struct Model {
     /// "When to train" sources this machine cannot read (their rules never
     /// pause).
     pub sensors_missing: Vec<&'static str>,
+    /// Desktop notifications not yet handed to the system.
+    pub alerts: Vec<Alert>,
+    /// The GPU's health, where this machine lets it be read.
+    pub gpu: Option<super::gpu::GpuHealth>,
 }
 
 impl Default for Model {
@@ -117,6 +146,8 @@ impl Default for Model {
             pending: None,
             started: Instant::now(),
             sensors_missing: Vec::new(),
+            alerts: Vec::new(),
+            gpu: None,
         }
     }
 }
@@ -164,12 +195,14 @@ impl Model {
             Event::Joined { job } => {
                 self.training = Training {
                     job: Some(job),
+                    joined_at: self.started.elapsed().as_secs_f64(),
                     ..Default::default()
                 };
                 self.pending = None;
             }
             Event::Node(u) => self.node(u),
             Event::Sensors(m) => self.sensors_missing = m,
+            Event::Gpu(g) => self.gpu = g,
             Event::Training(s) => {
                 self.training.paused = s.paused();
                 self.training.pause_reason = match s {
@@ -178,6 +211,17 @@ impl Model {
                 };
             }
             Event::Earnings(e) => {
+                let before = self.earnings.as_ref().map(|p| p.claimed + p.claimable);
+                let now = e.claimed + e.claimable;
+                if let Some(before) = before.filter(|b| now > *b) {
+                    self.alerts.push(Alert {
+                        title: format!("Paid {}", sol(now - before)),
+                        body: format!(
+                            "An epoch you trained was attested: {} earned on this job so far.",
+                            sol(now)
+                        ),
+                    });
+                }
                 let total = (e.claimed + e.claimable) as f64 / 1e9;
                 let t = self.started.elapsed().as_secs_f64();
                 if self.earned_series.last().is_none_or(|l| l[1] != total) {
@@ -241,7 +285,63 @@ impl Model {
                 t.audits += 1;
                 t.audits_failed += u32::from(!passed);
             }
-            NodeUpdate::Finished(r) => t.finished = Some(r),
+            NodeUpdate::Convicted(witnesses) => self.alerts.push(Alert {
+                title: "This node was convicted of cheating".into(),
+                body: format!(
+                    "{witnesses} witnesses found that its work did not match a recomputation: \
+                     it left the job and its stake is slashed. If nobody changed this machine, \
+                     its GPU may compute wrongly: run the benchmark again before joining."
+                ),
+            }),
+            NodeUpdate::Finished(r) => {
+                self.alerts.push(match &r {
+                    Ok(m) => Alert {
+                        title: "Job finished".into(),
+                        body: m.clone(),
+                    },
+                    Err(e) => Alert {
+                        title: "Training stopped".into(),
+                        body: format!("{e}. Open Cohort to see what happened and join again."),
+                    },
+                });
+                t.finished = Some(r);
+            }
+        }
+    }
+
+    /// Earnings so far as (seconds since the app started, lamports). What
+    /// the first reading found was earned before the app started, at no
+    /// time this session can place: it counts as the starting total.
+    fn earned(&self) -> Vec<(f64, u64)> {
+        let points = self
+            .earned_series
+            .iter()
+            .map(|p| (p[0], (p[1] * 1e9).round() as u64));
+        let start = points.clone().next().map(|(_, v)| (f64::NEG_INFINITY, v));
+        start.into_iter().chain(points).collect()
+    }
+
+    /// Lamports an hour earned since joining the job being trained.
+    pub fn earning_rate(&self) -> Option<u64> {
+        self.training.job?;
+        let now = self.started.elapsed().as_secs_f64();
+        crate::estimate::earned_per_hour(&self.earned(), self.training.joined_at, now)
+    }
+
+    /// The tray's words, `secs_since_midnight` being the local time of day.
+    pub fn tray_status(&self, secs_since_midnight: f64) -> TrayStatus {
+        let t = &self.training;
+        let state = match (t.job, &t.finished) {
+            (Some(_), None) if t.paused => {
+                upper_first(t.pause_reason.as_deref().unwrap_or("paused"))
+            }
+            (Some(_), None) => "Training".into(),
+            _ => "Idle".into(),
+        };
+        let now = self.started.elapsed().as_secs_f64();
+        TrayStatus {
+            state,
+            today: crate::estimate::earned_between(&self.earned(), now - secs_since_midnight, now),
         }
     }
 

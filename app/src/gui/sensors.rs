@@ -4,6 +4,7 @@
 //! `None`, and the rule that needs it never pauses; the settings screen says
 //! which those are ([`Sensors::missing`]).
 
+use super::gpu::{Gpu, GpuHealth};
 use crate::when::Sample;
 use std::path::Path;
 use std::time::Instant;
@@ -15,6 +16,7 @@ pub struct Sensors {
     power: Option<&'static Path>,
     #[cfg(target_os = "linux")]
     x11: Option<super::x11::X11>,
+    gpu: Gpu,
 }
 
 impl Default for Sensors {
@@ -31,11 +33,17 @@ impl Sensors {
             power: (cfg!(target_os = "linux") && sys.is_dir()).then_some(sys),
             #[cfg(target_os = "linux")]
             x11: super::x11::X11::open(),
+            gpu: Gpu::open(),
         }
     }
 
     /// One reading now.
     pub fn sample(&self) -> Sample {
+        self.read().0
+    }
+
+    /// One reading now, with the GPU's health for the screens.
+    pub fn read(&self) -> (Sample, Option<GpuHealth>) {
         use chrono::Timelike;
         let local = chrono::Local::now();
         #[cfg(target_os = "linux")]
@@ -45,20 +53,29 @@ impl Sensors {
             .map_or((None, None), |x| (x.input_idle(), x.fullscreen()));
         #[cfg(not(target_os = "linux"))]
         let (input_idle, fullscreen) = (None, None);
-        Sample {
+        let gpu = self.gpu.read();
+        let sample = Sample {
             at: self.started.elapsed(),
             minute_of_day: (local.hour() * 60 + local.minute()) as u16,
             input_idle,
             fullscreen,
             on_battery: self.power.and_then(on_battery),
-            ..Sample::default()
-        }
+            gpu_temp_c: gpu.as_ref().and_then(|g| g.temp_c),
+            other_gpu_percent: gpu.as_ref().and_then(|g| g.other_percent),
+        };
+        (sample, gpu)
     }
 
     /// The rules that cannot act on this machine yet, in words.
     pub fn missing(&self) -> Vec<&'static str> {
-        let mut out = vec!["other programs' GPU load", "GPU temperature"];
+        let mut out = Vec::new();
         let s = self.sample();
+        if s.other_gpu_percent.is_none() {
+            out.push("other programs' GPU load");
+        }
+        if s.gpu_temp_c.is_none() {
+            out.push("GPU temperature");
+        }
         if s.input_idle.is_none() {
             out.push("keyboard and mouse idle time");
         }
@@ -70,6 +87,12 @@ impl Sensors {
         }
         out
     }
+}
+
+/// Seconds since local midnight: where "today" starts for the tray.
+pub fn secs_since_midnight() -> f64 {
+    use chrono::Timelike;
+    f64::from(chrono::Local::now().num_seconds_from_midnight())
 }
 
 /// Linux: on battery when no mains supply is online and a battery is

@@ -86,6 +86,8 @@ pub struct Settings {
     pub memory_cap_mib: u32,
     /// When to train: idle time, games, battery, schedule, heat.
     pub when: crate::when::Rules,
+    /// Open (minimised) when the user logs in: a login item, see `autostart`.
+    pub start_with_computer: bool,
     /// Argon2id cost for new keystores: not saved, always the full cost
     /// unless a test lowers it.
     #[serde(skip)]
@@ -102,6 +104,7 @@ impl Default for Settings {
             gpu: Gpu::Auto,
             memory_cap_mib: 0,
             when: crate::when::Rules::default(),
+            start_with_computer: false,
             kdf: Default::default(),
         }
     }

@@ -1,6 +1,9 @@
-//! The tray icon: Pause, Resume, Quit. `ksni` (StatusNotifierItem over
+//! The tray icon: the state (training, paused and why, idle) and the day's
+//! earnings, then Pause, Resume, Quit. `ksni` (StatusNotifierItem over
 //! D-Bus, pure Rust) on Linux; `tray-icon` on Windows and macOS, whose
 //! Linux backend would need GTK headers to build.
+
+use super::model::TrayStatus;
 
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, Sender, channel};
@@ -12,14 +15,31 @@ pub enum Action {
     Quit,
 }
 
-/// The app's end: actions chosen in the tray menu.
+/// The app's end: actions chosen in the tray menu, and the status shown.
 pub struct Tray {
     pub actions: Receiver<Action>,
+    shown: Option<TrayStatus>,
+    #[cfg(target_os = "linux")]
+    status: tokio::sync::mpsc::UnboundedSender<String>,
     #[cfg(not(target_os = "linux"))]
-    _icon: Option<tray_icon::TrayIcon>,
+    icon: Option<tray_icon::TrayIcon>,
 }
 
 impl Tray {
+    /// Shows `s` in the tray's title, tooltip and menu, when it changed.
+    pub fn show(&mut self, s: &TrayStatus) {
+        if self.shown.as_ref() == Some(s) {
+            return;
+        }
+        self.shown = Some(s.clone());
+        #[cfg(target_os = "linux")]
+        let _ = self.status.send(s.line());
+        #[cfg(not(target_os = "linux"))]
+        if let Some(icon) = &self.icon {
+            let _ = icon.set_tooltip(Some(format!("Cohort: {}", s.line())));
+        }
+    }
+
     pub fn poll(&self) -> Option<Action> {
         #[cfg(not(target_os = "linux"))]
         if let Ok(ev) = tray_icon::menu::MenuEvent::receiver().try_recv() {
@@ -55,11 +75,16 @@ pub fn start(repaint: Arc<dyn Fn() + Send + Sync>) -> Option<Tray> {
         eprintln!("tray: not shown ({e})");
     }
     #[cfg(target_os = "linux")]
-    return started.ok().map(|()| Tray { actions: rx });
+    return started.ok().map(|status| Tray {
+        actions: rx,
+        shown: None,
+        status,
+    });
     #[cfg(not(target_os = "linux"))]
     return started.ok().map(|icon| Tray {
         actions: rx,
-        _icon: icon,
+        shown: None,
+        icon,
     });
 }
 
@@ -72,6 +97,8 @@ mod platform {
     struct Item {
         tx: Sender<Action>,
         repaint: Arc<dyn Fn() + Send + Sync>,
+        /// The state and the day's earnings, in words.
+        status: String,
     }
 
     impl Item {
@@ -86,7 +113,14 @@ mod platform {
             "cohort".into()
         }
         fn title(&self) -> String {
-            "Cohort".into()
+            format!("Cohort: {}", self.status)
+        }
+        fn tool_tip(&self) -> ksni::ToolTip {
+            ksni::ToolTip {
+                title: "Cohort".into(),
+                description: self.status.clone(),
+                ..Default::default()
+            }
         }
         fn icon_pixmap(&self) -> Vec<ksni::Icon> {
             // ksni wants ARGB in network order.
@@ -110,6 +144,13 @@ mod platform {
                 .into()
             };
             vec![
+                ksni::menu::StandardItem {
+                    label: self.status.clone(),
+                    enabled: false,
+                    ..Default::default()
+                }
+                .into(),
+                ksni::MenuItem::Separator,
                 item("Pause training", Action::Pause),
                 item("Resume training", Action::Resume),
                 ksni::MenuItem::Separator,
@@ -118,11 +159,16 @@ mod platform {
         }
     }
 
-    /// Runs the D-Bus service on a small thread of its own.
-    pub fn start(tx: Sender<Action>, repaint: Arc<dyn Fn() + Send + Sync>) -> Result<(), String> {
+    /// Runs the D-Bus service on a small thread of its own; the sender
+    /// updates the status it shows.
+    pub fn start(
+        tx: Sender<Action>,
+        repaint: Arc<dyn Fn() + Send + Sync>,
+    ) -> Result<tokio::sync::mpsc::UnboundedSender<String>, String> {
         if std::env::var_os("DBUS_SESSION_BUS_ADDRESS").is_none() {
             return Err("no D-Bus session bus".into());
         }
+        let (status_tx, mut status_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
         let (ok_tx, ok_rx) = std::sync::mpsc::channel();
         std::thread::Builder::new()
             .name("cohort-tray".into())
@@ -138,12 +184,19 @@ mod platform {
                     }
                 };
                 rt.block_on(async move {
-                    match (Item { tx, repaint }).spawn().await {
+                    let item = Item {
+                        tx,
+                        repaint,
+                        status: "Idle".into(),
+                    };
+                    match item.spawn().await {
                         Ok(handle) => {
                             let _ = ok_tx.send(Ok(()));
-                            // The service lives as long as its handle.
-                            std::future::pending::<()>().await;
-                            drop(handle);
+                            // The service lives as long as its handle, and
+                            // the handle as long as the app sends statuses.
+                            while let Some(s) = status_rx.recv().await {
+                                handle.update(|i: &mut Item| i.status = s).await;
+                            }
                         }
                         Err(e) => {
                             let _ = ok_tx.send(Err(e.to_string()));
@@ -154,7 +207,8 @@ mod platform {
             .map_err(|e| e.to_string())?;
         ok_rx
             .recv_timeout(std::time::Duration::from_secs(3))
-            .map_err(|_| "the tray service did not answer".to_string())?
+            .map_err(|_| "the tray service did not answer".to_string())??;
+        Ok(status_tx)
     }
 }
 

@@ -3,6 +3,7 @@
 //! sends it [`Command`]s and renders the [`Event`]s it sends back, so the
 //! UI thread never waits on I/O, the chain or training.
 
+use super::gpu::GpuHealth;
 use super::sandbox::Sandbox;
 use super::sensors::Sensors;
 use super::settings::{Network, Settings};
@@ -96,6 +97,8 @@ pub enum NodeUpdate {
     Links(Vec<cohort_engine::net::node::PeerLink>),
     /// An audit this node ran as a witness: whether it passed.
     Audit(bool),
+    /// A quorum of this many witnesses convicted this node.
+    Convicted(usize),
     Finished(Result<String, String>),
 }
 
@@ -132,6 +135,8 @@ pub enum Event {
     Training(when::State),
     /// The "when to train" sources this machine cannot read.
     Sensors(Vec<&'static str>),
+    /// The GPU's temperature, power, load and memory, where readable.
+    Gpu(Option<GpuHealth>),
     Earnings(Earnings),
     Error(String),
     Info(String),
@@ -169,8 +174,10 @@ impl Handle {
     }
 }
 
-/// Starts the worker thread. `repaint` wakes the UI.
-pub fn spawn(settings: Settings, repaint: Arc<dyn Fn() + Send + Sync>) -> Handle {
+/// Starts the worker thread. `repaint` wakes the UI. With `desktop`, the
+/// "start with the computer" setting changes the system's login items
+/// (tests and the tour leave them alone).
+pub fn spawn(settings: Settings, repaint: Arc<dyn Fn() + Send + Sync>, desktop: bool) -> Handle {
     let (tx, rx) = mpsc::unbounded_channel();
     let (etx, events) = std::sync::mpsc::channel();
     let sink = Sink { tx: etx, repaint };
@@ -182,7 +189,7 @@ pub fn spawn(settings: Settings, repaint: Arc<dyn Fn() + Send + Sync>) -> Handle
                 .enable_all()
                 .build()
                 .expect("tokio runtime");
-            rt.block_on(Worker::new(settings, sink).run(rx));
+            rt.block_on(Worker::new(settings, sink, desktop).run(rx));
             // Node tasks and the sandbox's peers are dropped with the runtime.
             rt.shutdown_timeout(Duration::from_millis(200));
         })
@@ -212,13 +219,19 @@ struct Worker {
     /// pause flag from the machine's readings every tick.
     when: when::Policy,
     sensors: Sensors,
+    /// The GPU health last sent to the UI.
+    gpu: Option<GpuHealth>,
+    /// Whether settings may change the system's login items.
+    desktop: bool,
 }
 
 impl Worker {
-    fn new(settings: Settings, sink: Sink) -> Self {
+    fn new(settings: Settings, sink: Sink, desktop: bool) -> Self {
         Self {
+            desktop,
             when: when::Policy::new(settings.when),
             sensors: Sensors::new(),
+            gpu: None,
             settings,
             sink,
             chain: None,
@@ -456,6 +469,11 @@ impl Worker {
             }
             Command::ApplySettings(s) => {
                 s.save()?;
+                if self.desktop && s.start_with_computer != self.settings.start_with_computer {
+                    super::autostart::set(s.start_with_computer).context(
+                        "the setting is saved, but the computer's login items could not be changed",
+                    )?;
+                }
                 let reconnect = s.network != self.settings.network
                     || s.custom_url != self.settings.custom_url
                     || s.program_id != self.settings.program_id;
@@ -536,6 +554,7 @@ impl Worker {
                     OperatorEvent::Step(s) => NodeUpdate::Step(s),
                     OperatorEvent::Links(l) => NodeUpdate::Links(l.to_vec()),
                     OperatorEvent::Audit(a) => NodeUpdate::Audit(a.passed),
+                    OperatorEvent::Convicted { witnesses } => NodeUpdate::Convicted(witnesses),
                 }))
             };
             let r = node::operate(&chain, &me, &o, &report).await;
@@ -559,7 +578,12 @@ impl Worker {
     /// the node's pause flag; tells the UI when the state changed (or
     /// always, with `tell`).
     fn apply_when(&mut self, tell: bool) {
-        let (state, changed) = self.when.update(&self.sensors.sample());
+        let (sample, gpu) = self.sensors.read();
+        if gpu != self.gpu || tell {
+            self.gpu = gpu.clone();
+            self.sink.send(Event::Gpu(gpu));
+        }
+        let (state, changed) = self.when.update(&sample);
         let Some(n) = &self.node else {
             return;
         };

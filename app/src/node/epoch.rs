@@ -113,6 +113,7 @@ impl EpochRun<'_> {
     /// are credited to `local` (and saved) after every applied step.
     pub async fn train(&self, local: &mut Local) -> Result<([u8; 32], f32)> {
         let (e, report, members) = (self.e, self.report, self.members);
+        let my_index = self.index;
         let pk = self.me.pubkey();
         let cfg = self.config()?;
         let spe = self.j.spec.steps_per_epoch;
@@ -214,7 +215,17 @@ impl EpochRun<'_> {
                         }
                         // Votes go on chain one by one, so the node need not
                         // stay up as the lead of a co-signed report.
-                        NodeEvent::Slashed { member, .. } => {
+                        NodeEvent::Slashed {
+                            member, witnesses, ..
+                        } => {
+                            if *member == my_index {
+                                report(
+                                    &pk,
+                                    OperatorEvent::Convicted {
+                                        witnesses: witnesses.len(),
+                                    },
+                                );
+                            }
                             let _ = control.send(Control::Settled { member: *member });
                         }
                         _ => {}

@@ -27,6 +27,11 @@ pub enum OperatorEvent<'a> {
     Links(&'a [p2p::PeerLink]),
     /// This node, as a witness, audited another member's contribution.
     Audit(&'a p2p::AuditReport),
+    /// A quorum of witnesses convicted this node: it is dropped from the
+    /// job and its stake is slashed.
+    Convicted {
+        witnesses: usize,
+    },
 }
 
 /// Where progress goes: stdout for `cohort node`, bars for the demo.
@@ -51,7 +56,7 @@ pub fn print_report(me: &Pubkey, p: OperatorEvent) {
                 );
             }
         }
-        OperatorEvent::Links(_) | OperatorEvent::Audit(_) => {}
+        OperatorEvent::Links(_) | OperatorEvent::Audit(_) | OperatorEvent::Convicted { .. } => {}
     }
 }
 

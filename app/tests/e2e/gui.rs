@@ -224,7 +224,7 @@ fn import_a_phrase_and_a_keypair_file() {
     assert_eq!(h.state().model.address, Some(key.pubkey().to_string()));
 
     // When to train: a rule changed in Settings is saved, and the sources
-    // this machine cannot read are named.
+    // this machine cannot read are named; so is starting with the computer.
     let data = dir.path().join("data");
     assert!(Settings::load(&data).0.when.pause_on_battery);
     click(&mut h, "Settings");
@@ -235,11 +235,20 @@ fn import_a_phrase_and_a_keypair_file() {
     h.get_by_role_and_label(Role::CheckBox, "Only during these hours")
         .click();
     h.step();
+    // Start with the computer is saved too (a test app leaves the system's
+    // login items alone).
+    assert!(!Settings::load(&data).0.start_with_computer);
+    h.get_by_role_and_label(
+        Role::CheckBox,
+        "Start with the computer (minimised, training by the rules above)",
+    )
+    .click();
+    h.step();
     h.step();
     click(&mut h, "Save settings");
     wait(&mut h, "the saved rules", 30, |_| {
-        let w = Settings::load(&data).0.when;
-        !w.pause_on_battery && w.schedule.is_some()
+        let s = Settings::load(&data).0;
+        !s.when.pause_on_battery && s.when.schedule.is_some() && s.start_with_computer
     });
     let w = Settings::load(&data).0.when;
     assert_eq!(
@@ -378,4 +387,84 @@ fn without_a_display_cohort_says_so_in_one_line_and_points_to_the_demo() {
         err.contains("no display") && err.contains("cohort demo"),
         "{err}"
     );
+}
+
+#[test]
+fn events_while_away_become_notifications_and_the_tray_says_why_paused_and_todays_pay() {
+    use cohort_app::gui::worker::{Event, NodeUpdate};
+    use cohort_app::node::Earnings;
+    use cohort_app::when::{Reason, State};
+    use solana_sdk::pubkey::Pubkey;
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut h = app(dir.path(), Network::Custom);
+    h.step();
+    let earned = |claimable| {
+        Event::Earnings(Earnings {
+            claimable,
+            ..Default::default()
+        })
+    };
+    let end_of_day = 86_399.0;
+    {
+        let m = &mut h.state_mut().model;
+        assert_eq!(m.tray_status(end_of_day).state, "Idle");
+        m.apply(Event::Joined {
+            job: Pubkey::new_unique(),
+        });
+        m.apply(earned(0));
+        assert_eq!(m.tray_status(end_of_day).state, "Training");
+    }
+    // With the window in front the app says it itself: not for the desktop.
+    h.input_mut().focused = true;
+    h.state_mut().model.apply(earned(1_000_000));
+    h.step();
+    // Away: a payment, a pause for a game, a conviction.
+    h.input_mut().focused = false;
+    {
+        let m = &mut h.state_mut().model;
+        m.apply(earned(3_000_000));
+        m.apply(Event::Training(State::Paused(Reason::FullScreen)));
+        m.apply(Event::Node(NodeUpdate::Convicted(3)));
+    }
+    h.step();
+    let sent: Vec<(String, bool)> = h
+        .state()
+        .notifier
+        .sent
+        .iter()
+        .map(|(a, away)| (a.title.clone(), *away))
+        .collect();
+    assert_eq!(
+        sent,
+        vec![
+            ("Paid 0.001000 SOL".to_string(), false),
+            ("Paid 0.002000 SOL".to_string(), true),
+            ("This node was convicted of cheating".to_string(), true),
+        ]
+    );
+    let tray = h.state().model.tray_status(end_of_day);
+    assert_eq!(tray.state, "Paused: a full-screen program is in front");
+    assert_eq!(tray.today, 3_000_000);
+    assert!(
+        tray.line().contains("today 0.003000 SOL"),
+        "{}",
+        tray.line()
+    );
+    // Just after midnight nothing has been earned today yet.
+    assert_eq!(h.state().model.tray_status(0.0).today, 0);
+    // Training stopped by an error: said on the desktop, the tray goes idle.
+    h.state_mut()
+        .model
+        .apply(Event::Node(NodeUpdate::Finished(Err(
+            "the GPU driver crashed".into(),
+        ))));
+    h.step();
+    let (last, away) = h.state().notifier.sent.last().unwrap().clone();
+    assert_eq!(last.title, "Training stopped");
+    assert!(
+        away && last.body.contains("the GPU driver crashed"),
+        "{last:?}"
+    );
+    assert_eq!(h.state().model.tray_status(end_of_day).state, "Idle");
 }

@@ -15,6 +15,7 @@ pub fn show(ui: &mut egui::Ui, model: &Model, out: &mut Out) {
         "Measures what this machine can train with. The result is signed with \
          your wallet and is what the job board sees when you join.",
     );
+    super::training::gpu_health(ui, model);
     ui.horizontal(|ui| {
         let label = if model.bench.is_some() {
             "Run again"

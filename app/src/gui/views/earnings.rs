@@ -43,8 +43,13 @@ pub fn show(ui: &mut egui::Ui, model: &mut Model, out: &mut Out) {
             .iter()
             .map(|(ep, l)| Bar::new(*ep as f64 + 1.0, *l as f64 / 1e9).width(0.6))
             .collect();
+        // Whole epochs on the axis, from 0, however few there are yet.
+        let last = e.per_epoch.iter().map(|(ep, _)| *ep + 1).max().unwrap_or(1);
         Plot::new("per-epoch")
             .height(160.0)
+            .include_x(0.0)
+            .include_x(last as f64 + 1.0)
+            .include_y(0.0)
             .allow_drag(false)
             .allow_zoom(false)
             .allow_scroll(false)
@@ -62,6 +67,7 @@ pub fn show(ui: &mut egui::Ui, model: &mut Model, out: &mut Out) {
         let pts: PlotPoints = model.earned_series.iter().copied().collect();
         Plot::new("over-time")
             .height(160.0)
+            .include_y(0.0)
             .allow_drag(false)
             .allow_zoom(false)
             .allow_scroll(false)

@@ -85,6 +85,7 @@ pub fn show(ui: &mut egui::Ui, model: &mut Model, f: &mut Form, out: &mut Out) {
                 "Model",
                 "Progress",
                 "Pays / epoch",
+                "This machine earns ≈",
                 "Slots left",
                 "State",
                 "This machine",
@@ -99,6 +100,14 @@ pub fn show(ui: &mut egui::Ui, model: &mut Model, f: &mut Form, out: &mut Out) {
                 ui.label(j.spec.arch_str());
                 ui.label(format!("{} / {} epochs", j.epochs_finalized, j.spec.epochs));
                 ui.label(sol(j.spec.max_price));
+                match estimate(model, r) {
+                    Some(e) => ui.label(format!(
+                        "{} / hour · {} / day",
+                        sol(e.per_hour),
+                        sol(e.per_day)
+                    )),
+                    None => ui.weak("run the benchmark"),
+                };
                 ui.label(slots(r).to_string());
                 ui.label(format!("{:?}", j.state));
                 match &r.blocker {
@@ -115,6 +124,13 @@ pub fn show(ui: &mut egui::Ui, model: &mut Model, f: &mut Form, out: &mut Out) {
     confirm(ui, model, f, out);
 }
 
+/// Pay per hour and per day on `r` for this machine, from its benchmark.
+fn estimate(model: &Model, r: &JobRow) -> Option<crate::estimate::Estimate> {
+    let (_, att) = model.bench.as_ref()?;
+    let left = r.job.spec.epochs.saturating_sub(r.job.epochs_finalized);
+    crate::estimate::before_joining(&r.job.spec, left, f64::from(att.fp32_gflops))
+}
+
 fn confirm(ui: &mut egui::Ui, model: &mut Model, f: &mut Form, out: &mut Out) {
     let Some(k) = f.confirm else {
         return;
@@ -123,6 +139,7 @@ fn confirm(ui: &mut egui::Ui, model: &mut Model, f: &mut Form, out: &mut Out) {
         f.confirm = None;
         return;
     };
+    let est = estimate(model, r);
     let j = &r.job;
     let stake = stake_for(j);
     let left = j.spec.epochs.saturating_sub(j.epochs_finalized);
@@ -142,6 +159,21 @@ fn confirm(ui: &mut egui::Ui, model: &mut Model, f: &mut Form, out: &mut Out) {
             sol(expected),
             sol(j.spec.max_price)
         ));
+        if let Some(e) = est {
+            ui.label(format!(
+                "On this machine: about {} an hour, {} a day (epochs of about {:.0} s, {}; \
+                 assuming training reaches {:.0}% of the benchmark's speed)",
+                sol(e.per_hour),
+                sol(e.per_day),
+                e.epoch_secs,
+                if e.machine_bound {
+                    "set by this machine's speed"
+                } else {
+                    "set by the job's pace"
+                },
+                crate::estimate::TRAINING_SHARE * 100.0
+            ));
+        }
         ui.label("Joining registers this machine if needed, posts the stake and joins, in one go.");
         ui.add_space(6.0);
         ui.horizontal(|ui| {

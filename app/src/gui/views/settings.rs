@@ -1,5 +1,5 @@
-//! Settings: network, data folder, training device, memory cap, and when
-//! to train. Saved to the data folder; secrets never are.
+//! Settings: network, data folder, training device, memory cap, when to
+//! train and starting with the computer. Saved to the data folder; secrets never are.
 
 use super::{Out, field, heading};
 use crate::gui::model::Model;
@@ -64,6 +64,11 @@ pub fn show(ui: &mut egui::Ui, model: &Model, f: &mut Form, out: &mut Out) {
         ui.weak("0 = no cap");
     });
     when_to_train(ui, model, &mut d.when);
+    ui.add_space(8.0);
+    ui.checkbox(
+        &mut d.start_with_computer,
+        "Start with the computer (minimised, training by the rules above)",
+    );
     ui.add_space(8.0);
     if ui.button("Save settings").clicked() {
         d.data_dir = PathBuf::from(f.data_dir.trim());

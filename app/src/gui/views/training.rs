@@ -11,10 +11,19 @@ pub fn show(ui: &mut egui::Ui, model: &Model, out: &mut Out) {
     heading(ui, "Training");
     let t = &model.training;
     ui.strong(t.status());
+    gpu_health(ui, model);
     if t.job.is_none() {
         ui.label("Pick a job on the Job board and press Join.");
         return;
     }
+    match model.earning_rate() {
+        Some(r) => ui.label(format!(
+            "Earning about {} an hour since you joined ({} a day at this rate)",
+            crate::chain::sol(r),
+            crate::chain::sol(r.saturating_mul(24))
+        )),
+        None => ui.weak("Earning rate: shown once an epoch you trained has been paid"),
+    };
     let job = model.training_job();
     let epochs = job.map_or(0, |r| r.job.spec.epochs);
     ui.add_space(6.0);
@@ -148,4 +157,15 @@ mod tests {
         assert_eq!(audits_line(4, 0), "Audits run as a witness: 4, all passed");
         assert!(audits_line(5, 2).contains("2 failed"));
     }
+}
+
+/// The GPU's temperature, power, load and memory, or why they are not shown.
+pub fn gpu_health(ui: &mut egui::Ui, model: &Model) {
+    match &model.gpu {
+        Some(g) => ui.label(format!("GPU: {}", g.words())),
+        None => ui.weak(
+            "GPU health: not readable here (needs an NVIDIA driver, or a Linux GPU driver \
+             that reports its load)",
+        ),
+    };
 }

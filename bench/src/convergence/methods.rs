@@ -1,0 +1,262 @@
+//! The three ways the convergence bench trains the same model on the same
+//! tokens: dense AdamW, dense sign-SGD with momentum, and Cohort's compressed
+//! updates, each at one grid point, one seed and one schedule.
+
+use anyhow::Result;
+use cohort_engine::backend;
+use cohort_engine::compress::{CompressConfig, Decode};
+use cohort_engine::data::Corpus;
+use cohort_engine::model::ModelConfig;
+use cohort_engine::optim::{AdamW, LrSchedule, sign_sgd_step};
+use cohort_engine::runner::{self, RunConfig, Schedule};
+use cohort_engine::trainer::{Identity, TrainConfig, Trainer};
+use std::time::Instant;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Method {
+    AdamW,
+    SignSgd,
+    Cohort,
+}
+
+impl Method {
+    pub const ALL: [Method; 3] = [Method::AdamW, Method::SignSgd, Method::Cohort];
+
+    pub fn key(self) -> &'static str {
+        match self {
+            Method::AdamW => "adamw",
+            Method::SignSgd => "sign",
+            Method::Cohort => "cohort",
+        }
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Method::AdamW => "dense AdamW",
+            Method::SignSgd => "dense sign-SGD",
+            Method::Cohort => "Cohort compressed",
+        }
+    }
+
+    pub fn parse(s: &str) -> Result<Self> {
+        Method::ALL
+            .into_iter()
+            .find(|m| m.key() == s)
+            .ok_or_else(|| anyhow::anyhow!("unknown method `{s}`: expected adamw, sign or cohort"))
+    }
+}
+
+pub fn schedule_key(s: Schedule) -> &'static str {
+    match s {
+        Schedule::Lockstep => "lockstep",
+        Schedule::OneStepStale => "stale",
+    }
+}
+
+/// Everything that is the same for every run of one sweep.
+#[derive(Debug, Clone)]
+pub struct Setting {
+    pub model: ModelConfig,
+    pub members: usize,
+    pub batch: usize,
+    pub steps: u32,
+    pub topk: usize,
+    pub decode: Decode,
+    pub adaptive_beta2: f32,
+    pub weight_decay: f32,
+    pub eval_windows: usize,
+    pub eval_every: u32,
+}
+
+/// One run: a method at a grid point, a seed and a schedule.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Point {
+    pub method: Method,
+    pub lr: f32,
+    /// AdamW's β1; the momentum decay of sign-SGD and of Cohort's members.
+    pub momentum: f32,
+    pub seed: u32,
+    pub schedule: Schedule,
+}
+
+pub struct Outcome {
+    pub final_val_loss: f32,
+    pub curve: Vec<(u32, f32)>,
+    pub bytes_per_member_step: f64,
+    pub tokens_per_sec: f64,
+}
+
+impl Setting {
+    fn lr(&self, base: f32) -> LrSchedule {
+        LrSchedule {
+            base,
+            warmup: self.steps / 20 + 1,
+            total: self.steps,
+            min_ratio: 0.1,
+        }
+    }
+
+    fn run_config(&self, p: &Point) -> RunConfig {
+        RunConfig {
+            train: TrainConfig {
+                model: self.model,
+                compress: CompressConfig {
+                    topk: self.topk,
+                    decay: p.momentum,
+                    decode: self.decode,
+                    ..CompressConfig::default()
+                },
+                lr: self.lr(p.lr),
+                weight_decay: self.weight_decay,
+                adaptive_beta2: self.adaptive_beta2,
+                batch: self.batch,
+                micro_batch: self.batch,
+            },
+            members: self.members,
+            steps: self.steps,
+            steps_per_epoch: 50,
+            job: seed_job(p.seed),
+            eval_windows: self.eval_windows,
+            eval_every: self.eval_every,
+        }
+    }
+
+    pub fn tokens(&self) -> f64 {
+        self.steps as f64 * self.members as f64 * self.batch as f64 * self.model.seq_len as f64
+    }
+
+    pub fn run(&self, p: &Point, corpus: &Corpus) -> Result<Outcome> {
+        let cfg = self.run_config(p);
+        match p.method {
+            Method::Cohort => {
+                let engines = (0..cfg.members).map(|_| backend::cpu()).collect();
+                let r = runner::run_scheduled(&cfg, p.schedule, corpus, engines, |_| {})?;
+                Ok(Outcome {
+                    final_val_loss: r.final_val_loss,
+                    curve: r.val_curve,
+                    bytes_per_member_step: r.bytes_per_member_step as f64,
+                    tokens_per_sec: r.tokens_per_sec,
+                })
+            }
+            Method::AdamW | Method::SignSgd => dense(p, &cfg, corpus),
+        }
+    }
+}
+
+/// A run's job key: it seeds the initial weights and every epoch's batches.
+pub fn seed_job(seed: u32) -> [u8; 32] {
+    *blake3::hash(format!("cohort-convergence-seed-{seed}").as_bytes()).as_bytes()
+}
+
+/// Dense data-parallel training: every member's full gradient, averaged in
+/// member order (an all-reduce), then AdamW or sign-SGD with momentum.
+fn dense(p: &Point, cfg: &RunConfig, corpus: &Corpus) -> Result<Outcome> {
+    let init_seed = runner::epoch_seed(&cfg.job, u32::MAX);
+    let mut members = (0..cfg.members)
+        .map(|i| {
+            Trainer::new(
+                cfg.train,
+                &init_seed,
+                corpus.clone(),
+                backend::cpu(),
+                Identity {
+                    job: cfg.job,
+                    member: runner::member_key(i),
+                    index: i as u32,
+                },
+            )
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut params = members[0].params().clone();
+    let sizes: Vec<usize> = params.values.iter().map(Vec::len).collect();
+    let mut adam = AdamW::new(&sizes, cfg.train.weight_decay);
+    adam.beta1 = p.momentum;
+    let mut momentum: Vec<Vec<f32>> = sizes.iter().map(|n| vec![0.0; *n]).collect();
+    let lr = cfg.train.lr;
+    let mut curve = Vec::new();
+    let started = Instant::now();
+    let mut eval_secs = 0.0;
+    let mut val_loss = f32::NAN;
+    let mut ahead: Option<Vec<Vec<f32>>> = None;
+    let mean_gradient = |members: &mut Vec<Trainer>, step: u32| -> Result<Vec<Vec<f32>>> {
+        let epoch = step / cfg.steps_per_epoch;
+        let seed = runner::epoch_seed(&cfg.job, epoch);
+        let grads: Vec<_> = std::thread::scope(|s| {
+            let hs: Vec<_> = members
+                .iter_mut()
+                .map(|m| {
+                    let index = m.id.index;
+                    s.spawn(move || m.member_gradients(&seed, epoch, step, index))
+                })
+                .collect();
+            hs.into_iter()
+                .map(|h| h.join().expect("member thread"))
+                .collect::<Result<Vec<_>, _>>()
+        })?;
+        let mut avg: Vec<Vec<f32>> = sizes.iter().map(|n| vec![0.0; *n]).collect();
+        for (_, g) in &grads {
+            for (a, gi) in avg.iter_mut().zip(g) {
+                for (x, y) in a.iter_mut().zip(gi) {
+                    *x += y;
+                }
+            }
+        }
+        let inv = 1.0 / cfg.members as f32;
+        avg.iter_mut().flatten().for_each(|x| *x *= inv);
+        Ok(avg)
+    };
+    for step in 0..cfg.steps {
+        let avg = match ahead.take() {
+            Some(g) => g,
+            None => mean_gradient(&mut members, step)?,
+        };
+        if p.schedule == Schedule::OneStepStale && step + 1 < cfg.steps {
+            // Computed on weights step `step` has not been applied to yet.
+            ahead = Some(mean_gradient(&mut members, step + 1)?);
+        }
+        match p.method {
+            Method::AdamW => adam.step(&mut params.values, &avg, lr.at(step)),
+            _ => {
+                for (m, g) in momentum.iter_mut().zip(&avg) {
+                    for (mi, gi) in m.iter_mut().zip(g) {
+                        *mi = p.momentum * *mi + gi;
+                    }
+                }
+                let dirs: Vec<Vec<f32>> = momentum
+                    .iter()
+                    .map(|m| {
+                        m.iter()
+                            .map(|v| v.signum() * (*v != 0.0) as u8 as f32)
+                            .collect()
+                    })
+                    .collect();
+                sign_sgd_step(
+                    &mut params.values,
+                    &dirs,
+                    lr.at(step),
+                    cfg.train.weight_decay,
+                );
+            }
+        }
+        for m in members.iter_mut() {
+            m.set_params(params.clone(), step + 1)?;
+        }
+        if (step + 1) % cfg.eval_every == 0 || step + 1 == cfg.steps {
+            let t0 = Instant::now();
+            val_loss = members[0].validation_loss(cfg.eval_windows)?;
+            eval_secs += t0.elapsed().as_secs_f64();
+            curve.push((step + 1, val_loss));
+        }
+    }
+    let wall = started.elapsed().as_secs_f64() - eval_secs;
+    let tokens = cfg.steps as f64
+        * cfg.members as f64
+        * cfg.train.batch as f64
+        * cfg.train.model.seq_len as f64;
+    Ok(Outcome {
+        final_val_loss: val_loss,
+        curve,
+        bytes_per_member_step: 4.0 * params.numel() as f64,
+        tokens_per_sec: tokens / wall,
+    })
+}

@@ -1,0 +1,510 @@
+//! `cohort-bench convergence`: dense AdamW, dense sign-SGD and Cohort's
+//! compressed updates on the same model and tokens, each tuned over the same
+//! learning-rate × momentum grid, the best point of each repeated over
+//! several seeds, on the one-step-stale schedule the node ships; the ratio to
+//! the best-tuned AdamW reported at several horizons.
+
+mod methods;
+mod runs;
+
+use crate::args::Args;
+use crate::report::{self, Figures, fmt_bytes};
+use anyhow::{Result, bail};
+use cohort_engine::compress::Decode;
+use cohort_engine::data::Corpus;
+use cohort_engine::model::ModelConfig;
+use cohort_engine::runner::Schedule;
+use methods::{Method, Point, Setting, schedule_key};
+use runs::Record;
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::time::Instant;
+
+fn list<T: std::str::FromStr>(s: &str, what: &str) -> Result<Vec<T>>
+where
+    T::Err: std::fmt::Display,
+{
+    let v = s
+        .split(',')
+        .map(|x| {
+            x.trim()
+                .parse()
+                .map_err(|e| anyhow::anyhow!("--{what} {x}: {e}"))
+        })
+        .collect::<Result<Vec<T>>>()?;
+    if v.is_empty() {
+        bail!("--{what} is empty");
+    }
+    Ok(v)
+}
+
+struct Plan {
+    setting: Setting,
+    methods: Vec<Method>,
+    lrs: Vec<f32>,
+    momenta: Vec<f32>,
+    grid_seeds: u32,
+    seeds: u32,
+    schedule: Schedule,
+    reference: bool,
+}
+
+impl Plan {
+    fn grid(&self, m: Method) -> Vec<Point> {
+        let mut out = Vec::new();
+        for &lr in &self.lrs {
+            for &momentum in &self.momenta {
+                for seed in 0..self.grid_seeds {
+                    out.push(Point {
+                        method: m,
+                        lr,
+                        momentum,
+                        seed,
+                        schedule: self.schedule,
+                    });
+                }
+            }
+        }
+        out
+    }
+
+    /// The grid point with the lowest mean final loss over the grid seeds,
+    /// once every run of the grid is in.
+    fn best(&self, m: Method, done: &HashMap<String, Record>) -> Option<(f32, f32)> {
+        let mut best: Option<((f32, f32), f64)> = None;
+        for &lr in &self.lrs {
+            for &momentum in &self.momenta {
+                let mut sum = 0.0;
+                for seed in 0..self.grid_seeds {
+                    let p = Point {
+                        method: m,
+                        lr,
+                        momentum,
+                        seed,
+                        schedule: self.schedule,
+                    };
+                    sum += done.get(&runs::key(&self.setting, &p))?.final_val_loss;
+                }
+                let mean = sum / self.grid_seeds as f64;
+                if best.is_none_or(|(_, b)| mean < b) {
+                    best = Some(((lr, momentum), mean));
+                }
+            }
+        }
+        best.map(|(p, _)| p)
+    }
+
+    fn seeded(&self, m: Method, (lr, momentum): (f32, f32), schedule: Schedule) -> Vec<Point> {
+        (0..self.seeds)
+            .map(|seed| Point {
+                method: m,
+                lr,
+                momentum,
+                seed,
+                schedule,
+            })
+            .collect()
+    }
+
+    /// Every run the sweep needs that can be named now: the whole grid, then
+    /// the seeds of each method's best point once its grid is in. `None`
+    /// while some grid is still incomplete (more runs will be named later).
+    fn runs(&self, done: &HashMap<String, Record>) -> (Vec<Point>, bool) {
+        let mut out = Vec::new();
+        let mut complete = true;
+        for &m in &self.methods {
+            out.extend(self.grid(m));
+            match self.best(m, done) {
+                Some(best) => {
+                    out.extend(self.seeded(m, best, self.schedule));
+                    if self.reference && m == Method::AdamW && self.schedule != Schedule::Lockstep {
+                        out.extend(self.seeded(m, best, Schedule::Lockstep));
+                    }
+                }
+                None => complete = false,
+            }
+        }
+        let mut seen = std::collections::HashSet::new();
+        out.retain(|p| seen.insert(runs::key(&self.setting, p)));
+        (out, complete)
+    }
+}
+
+pub fn run(raw: &[String]) -> Result<()> {
+    let args = Args::parse(
+        raw,
+        &[
+            "steps",
+            "members",
+            "arch",
+            "batch",
+            "topk",
+            "decode",
+            "adaptive",
+            "eval-windows",
+            "lrs",
+            "momenta",
+            "grid-seeds",
+            "seeds",
+            "methods",
+            "schedule",
+            "reference",
+            "max-runs",
+            "plan",
+        ],
+    )?;
+    let steps: u32 = args.get("steps", 2000)?;
+    if steps < 8 {
+        bail!("--steps {steps}: at least 8");
+    }
+    let setting = Setting {
+        model: ModelConfig::parse(&args.get("arch", "gpt l2 d128 h4 s64".to_string())?)?,
+        members: args.get("members", 4)?,
+        batch: args.get("batch", 8)?,
+        steps,
+        topk: args.get("topk", 4)?,
+        decode: match args.get("decode", "sign".to_string())?.as_str() {
+            "rms" => Decode::Rms,
+            "sign" => Decode::Sign,
+            other => bail!("--decode {other}: expected rms or sign"),
+        },
+        adaptive_beta2: args.get("adaptive", 0.0)?,
+        weight_decay: 0.1,
+        eval_windows: args.get("eval-windows", 64)?,
+        eval_every: steps / 8,
+    };
+    let plan = Plan {
+        methods: list::<String>(
+            &args.get("methods", "adamw,sign,cohort".to_string())?,
+            "methods",
+        )?
+        .iter()
+        .map(|m| Method::parse(m))
+        .collect::<Result<_>>()?,
+        lrs: list(&args.get("lrs", "0.001,0.003".to_string())?, "lrs")?,
+        momenta: list(&args.get("momenta", "0.9,0.95".to_string())?, "momenta")?,
+        grid_seeds: args.get("grid-seeds", 1)?,
+        seeds: args.get("seeds", 3)?,
+        schedule: match args.get("schedule", "stale".to_string())?.as_str() {
+            "stale" => Schedule::OneStepStale,
+            "lockstep" => Schedule::Lockstep,
+            other => bail!("--schedule {other}: expected stale or lockstep"),
+        },
+        reference: args.get::<String>("reference", "yes".into())? == "yes",
+        setting,
+    };
+    if plan.grid_seeds == 0 || plan.seeds < plan.grid_seeds {
+        bail!("--grid-seeds must be at least 1 and --seeds at least --grid-seeds");
+    }
+    let max_runs: usize = args.get("max-runs", usize::MAX)?;
+    let only_plan = args.get::<String>("plan", "no".into())? == "yes";
+    let s = &plan.setting;
+    println!(
+        "convergence: {} ({} params), {} members x batch {} x seq {}, {} steps, schedule {}, grid lr {:?} x momentum {:?} over {} seed(s), best point over {} seeds",
+        s.model.arch(),
+        s.model.num_params(),
+        s.members,
+        s.batch,
+        s.model.seq_len,
+        s.steps,
+        schedule_key(plan.schedule),
+        plan.lrs,
+        plan.momenta,
+        plan.grid_seeds,
+        plan.seeds
+    );
+
+    let path = runs::path();
+    let mut done: HashMap<String, Record> = runs::load(&path)?
+        .into_iter()
+        .map(|r| (r.key.clone(), r))
+        .collect();
+    let corpus = Corpus::bundled()?;
+    let commit = report::commit();
+    let mut ran = 0;
+    loop {
+        let (all, complete) = plan.runs(&done);
+        let missing: Vec<Point> = all
+            .into_iter()
+            .filter(|p| !done.contains_key(&runs::key(s, p)))
+            .collect();
+        let secs_per_token = |m: Method| {
+            let rates: Vec<f64> = done
+                .values()
+                .filter(|r| r.key.contains(&format!(" method={} ", m.key())))
+                .map(|r| r.tokens_per_sec)
+                .collect();
+            if rates.is_empty() {
+                1.0 / 9000.0
+            } else {
+                rates.len() as f64 / rates.iter().sum::<f64>()
+            }
+        };
+        let eta: f64 = missing
+            .iter()
+            .map(|p| s.tokens() * secs_per_token(p.method) * 1.1)
+            .sum();
+        println!(
+            "{} run(s) recorded for this setting, {} still to run{} (about {:.0} min at the rates measured so far)",
+            done.keys()
+                .filter(|k| k.starts_with(
+                    &runs::key(s, &plan.grid(plan.methods[0])[0])
+                        [..k.find(" method=").unwrap_or(0)]
+                ))
+                .count(),
+            missing.len(),
+            if complete {
+                ""
+            } else {
+                ", more once the grids are in"
+            },
+            eta / 60.0
+        );
+        if only_plan {
+            for p in &missing {
+                println!("  {}", runs::key(s, p));
+            }
+            return Ok(());
+        }
+        let Some(p) = missing.first().copied() else {
+            if complete {
+                break;
+            }
+            bail!("no run left to do but the grid is incomplete: a bug");
+        };
+        if ran >= max_runs {
+            println!("stopping after {ran} run(s) (--max-runs); rerun the same command to go on");
+            return Ok(());
+        }
+        let key = runs::key(s, &p);
+        println!("running {key}");
+        let t0 = Instant::now();
+        let outcome = s.run(&p, &corpus)?;
+        let rec = runs::append(&path, &key, &outcome, &commit)?;
+        println!(
+            "  final val loss {:.4} in {:.0} s ({:.0} tokens/s)",
+            rec.final_val_loss,
+            t0.elapsed().as_secs_f64(),
+            rec.tokens_per_sec
+        );
+        done.insert(key, rec);
+        ran += 1;
+    }
+    publish(&plan, &done)
+}
+
+/// Mean, min and max.
+fn spread(v: &[f64]) -> (f64, f64, f64) {
+    let mean = v.iter().sum::<f64>() / v.len() as f64;
+    let min = v.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    (mean, min, max)
+}
+
+struct Best {
+    method: Method,
+    schedule: Schedule,
+    lr: f32,
+    momentum: f32,
+    records: Vec<Record>,
+}
+
+impl Best {
+    fn finals(&self) -> Vec<f64> {
+        self.records.iter().map(|r| r.final_val_loss).collect()
+    }
+    fn mean_at(&self, step: u32) -> f64 {
+        let v: Vec<f64> = self.records.iter().filter_map(|r| r.at(step)).collect();
+        spread(&v).0
+    }
+    fn label(&self) -> String {
+        match self.schedule {
+            Schedule::Lockstep => format!("{} (lock-step reference)", self.method.label()),
+            Schedule::OneStepStale => self.method.label().to_string(),
+        }
+    }
+}
+
+fn publish(plan: &Plan, done: &HashMap<String, Record>) -> Result<()> {
+    let s = &plan.setting;
+    let get = |p: &Point| done.get(&runs::key(s, p)).cloned();
+    let mut bests = Vec::new();
+    for &m in &plan.methods {
+        let point = plan.best(m, done).expect("the sweep is complete");
+        let mut schedules = vec![plan.schedule];
+        if plan.reference && m == Method::AdamW && plan.schedule != Schedule::Lockstep {
+            schedules.push(Schedule::Lockstep);
+        }
+        for sch in schedules {
+            bests.push(Best {
+                method: m,
+                schedule: sch,
+                lr: point.0,
+                momentum: point.1,
+                records: plan
+                    .seeded(m, point, sch)
+                    .iter()
+                    .map(|p| get(p).expect("the sweep is complete"))
+                    .collect(),
+            });
+        }
+    }
+    let Some(adamw) = bests
+        .iter()
+        .find(|b| b.method == Method::AdamW && b.schedule == plan.schedule)
+    else {
+        bail!("the report compares against AdamW: include it in --methods");
+    };
+    let base = spread(&adamw.finals()).0;
+    let horizons: Vec<u32> = [s.steps / 4, s.steps / 2, 3 * s.steps / 4, s.steps]
+        .into_iter()
+        .filter(|h| h % s.eval_every == 0 || *h == s.steps)
+        .collect();
+    let dense_bytes = 4.0 * s.model.num_params() as f64;
+
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "## Convergence\n\n`cargo run --release -p cohort-bench -- convergence` — {} ({} parameters), {} members, batch {} x {} bytes per member per step, {} steps ({} tokens), bundled KJV corpus (validation: {} fixed held-out windows). Every method is tuned over the same grid, learning rate {:?} × momentum {:?} (AdamW's β1; the momentum decay of sign-SGD and of Cohort's members), on {} seed(s); its best point is then run on {} seeds (each seed draws other initial weights and other batches). Schedule: {} (each gradient is computed on the weights before the previous step's update, as the P2P node pipelines). Peak learning rate with warm-up, then cosine to 10%; weight decay 0.1; Cohort: 64x64 DCT chunks, top-{} per chunk, decoder `{:?}`, adaptive β2 {}.\n",
+        s.model.arch(),
+        s.model.num_params(),
+        s.members,
+        s.batch,
+        s.model.seq_len,
+        s.steps,
+        s.tokens(),
+        s.eval_windows,
+        plan.lrs,
+        plan.momenta,
+        plan.grid_seeds,
+        plan.seeds,
+        if plan.schedule == Schedule::OneStepStale {
+            "one step stale"
+        } else {
+            "lock-step"
+        },
+        s.topk,
+        s.decode,
+        s.adaptive_beta2,
+    );
+    let _ = write!(
+        md,
+        "| method | best lr | best momentum | final val loss, mean (min–max) | ratio to best AdamW |{} bytes sent / member / step | compression vs fp32 | tokens/s |\n|---|---|---|---|---|{}---|---|---|\n",
+        horizons
+            .iter()
+            .map(|h| format!(" ratio at step {h} |"))
+            .collect::<String>(),
+        "---|".repeat(horizons.len())
+    );
+    let mut f = Figures::default();
+    f.text("arch", &s.model.arch())
+        .num("params", s.model.num_params() as f64)
+        .num("members", s.members as f64)
+        .num("batch", s.batch as f64)
+        .num("seq_len", s.model.seq_len as f64)
+        .num("steps", s.steps as f64)
+        .num("topk", s.topk as f64)
+        .text("decode", &format!("{:?}", s.decode).to_lowercase())
+        .num("adaptive_beta2", s.adaptive_beta2 as f64)
+        .text("schedule", schedule_key(plan.schedule))
+        .num("grid_seeds", plan.grid_seeds as f64)
+        .num("seeds", plan.seeds as f64)
+        .text("lrs", &format!("{:?}", plan.lrs))
+        .text("momenta", &format!("{:?}", plan.momenta));
+    for b in &bests {
+        let (mean, min, max) = spread(&b.finals());
+        let bytes = b.records[0].bytes_per_member_step;
+        let tps = spread(
+            &b.records
+                .iter()
+                .map(|r| r.tokens_per_sec)
+                .collect::<Vec<_>>(),
+        )
+        .0;
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {mean:.4} ({min:.4}–{max:.4}) | {:.3} |{} {} | {:.0}x | {tps:.0} |",
+            b.label(),
+            b.lr,
+            b.momentum,
+            mean / base,
+            horizons
+                .iter()
+                .map(|h| format!(" {:.3} |", b.mean_at(*h) / adamw.mean_at(*h)))
+                .collect::<String>(),
+            fmt_bytes(bytes),
+            dense_bytes / bytes
+        );
+        let k = match b.schedule {
+            Schedule::Lockstep => format!("{}_lockstep", b.method.key()),
+            Schedule::OneStepStale => b.method.key().to_string(),
+        };
+        f.num(&format!("{k}_lr"), b.lr as f64)
+            .num(&format!("{k}_momentum"), b.momentum as f64)
+            .num(&format!("{k}_val_loss_mean"), mean)
+            .num(&format!("{k}_val_loss_min"), min)
+            .num(&format!("{k}_val_loss_max"), max)
+            .num(&format!("{k}_loss_ratio"), mean / base)
+            .num(&format!("{k}_bytes_per_member_step"), bytes)
+            .num(&format!("{k}_compression"), dense_bytes / bytes)
+            .num(&format!("{k}_tokens_per_sec"), tps);
+        for h in &horizons {
+            f.num(
+                &format!("{k}_loss_ratio_at_{h}"),
+                b.mean_at(*h) / adamw.mean_at(*h),
+            );
+        }
+    }
+    if let Some(c) = bests.iter().find(|b| b.method == Method::Cohort) {
+        let ratio = spread(&c.finals()).0 / base;
+        let compression = dense_bytes / c.records[0].bytes_per_member_step;
+        let _ = writeln!(
+            md,
+            "\nGoals (the issue \"Compressed training that keeps pace with AdamW\"): compression ≥ 1000x — {compression:.0}x ({}); Cohort's mean final loss ≤ 1.05 × the best-tuned AdamW's — {ratio:.3} ({}).",
+            if compression >= 1000.0 {
+                "met"
+            } else {
+                "not met"
+            },
+            if ratio <= 1.05 { "met" } else { "not met" },
+        );
+    }
+    let _ = write!(
+        md,
+        "\nThe grid (final validation loss, mean over {} seed(s)), every method on the same points:\n\n| method | lr | momentum | final val loss |\n|---|---|---|---|\n",
+        plan.grid_seeds
+    );
+    for &m in &plan.methods {
+        let best = plan.best(m, done).expect("complete");
+        for &lr in &plan.lrs {
+            for &momentum in &plan.momenta {
+                let v: Vec<f64> = (0..plan.grid_seeds)
+                    .map(|seed| {
+                        get(&Point {
+                            method: m,
+                            lr,
+                            momentum,
+                            seed,
+                            schedule: plan.schedule,
+                        })
+                        .expect("complete")
+                        .final_val_loss
+                    })
+                    .collect();
+                let mean = spread(&v).0;
+                let mark = if (lr, momentum) == best { "**" } else { "" };
+                let _ = writeln!(
+                    md,
+                    "| {} | {lr} | {momentum} | {mark}{mean:.4}{mark} |",
+                    m.label()
+                );
+            }
+        }
+    }
+    let _ = writeln!(
+        md,
+        "\nEvery run is kept in `docs/bench/convergence-runs.jsonl` as it ends (its validation curve, tokens/s and commit), so the same command resumes a sweep cut short."
+    );
+    println!("\n{md}");
+    report::publish("convergence", &f, &md)
+}

@@ -1,0 +1,152 @@
+//! The sweep's finished runs, one JSON line each in
+//! `docs/bench/convergence-runs.jsonl`: a sweep takes hours on a small
+//! machine, so each run is kept the moment it ends and a rerun of the same
+//! command does only the runs still missing (on any machine: the file is
+//! committed).
+
+use super::methods::{Outcome, Point, Setting, schedule_key};
+use anyhow::{Context, Result};
+use serde_json::{Value, json};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// Bump when the training math of any method changes: runs recorded under
+/// another recipe are not reused.
+pub const RECIPE: u32 = 1;
+
+pub fn path() -> PathBuf {
+    crate::report::repo_root().join("docs/bench/convergence-runs.jsonl")
+}
+
+/// Everything a run's result depends on, as one string.
+pub fn key(s: &Setting, p: &Point) -> String {
+    format!(
+        "recipe={RECIPE} arch={} members={} batch={} steps={} topk={} decode={:?} adaptive={} wd={} eval={}x{} method={} lr={} momentum={} seed={} schedule={}",
+        s.model.arch(),
+        s.members,
+        s.batch,
+        s.steps,
+        s.topk,
+        s.decode,
+        s.adaptive_beta2,
+        s.weight_decay,
+        s.eval_windows,
+        s.eval_every,
+        p.method.key(),
+        p.lr,
+        p.momentum,
+        p.seed,
+        schedule_key(p.schedule)
+    )
+}
+
+#[derive(Debug, Clone)]
+pub struct Record {
+    pub key: String,
+    pub final_val_loss: f64,
+    pub curve: Vec<(u32, f64)>,
+    pub bytes_per_member_step: f64,
+    pub tokens_per_sec: f64,
+}
+
+impl Record {
+    fn from_json(v: &Value) -> Option<Self> {
+        Some(Self {
+            key: v.get("key")?.as_str()?.to_string(),
+            final_val_loss: v.get("final_val_loss")?.as_f64()?,
+            curve: v
+                .get("curve")?
+                .as_array()?
+                .iter()
+                .map(|p| Some((p.get(0)?.as_u64()? as u32, p.get(1)?.as_f64()?)))
+                .collect::<Option<Vec<_>>>()?,
+            bytes_per_member_step: v.get("bytes_per_member_step")?.as_f64()?,
+            tokens_per_sec: v.get("tokens_per_sec")?.as_f64()?,
+        })
+    }
+
+    /// The validation loss measured at `step`, if the run evaluated there.
+    pub fn at(&self, step: u32) -> Option<f64> {
+        self.curve.iter().find(|(s, _)| *s == step).map(|(_, l)| *l)
+    }
+}
+
+/// Every record in the file; a line cut short by a crash is skipped.
+pub fn load(path: &Path) -> Result<Vec<Record>> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    };
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        match serde_json::from_str::<Value>(line)
+            .ok()
+            .as_ref()
+            .and_then(Record::from_json)
+        {
+            Some(r) => out.push(r),
+            None if line.trim().is_empty() => {}
+            None => eprintln!("{}:{}: not a run record, skipped", path.display(), i + 1),
+        }
+    }
+    Ok(out)
+}
+
+/// Appends one finished run, flushed to disk before the next one starts.
+pub fn append(path: &Path, key: &str, o: &Outcome, commit: &str) -> Result<Record> {
+    let line = json!({
+        "key": key,
+        "final_val_loss": o.final_val_loss,
+        "curve": o.curve,
+        "bytes_per_member_step": o.bytes_per_member_step,
+        "tokens_per_sec": o.tokens_per_sec,
+        "commit": commit,
+    });
+    // A line cut short by a crash must not swallow this one.
+    let torn = std::fs::read(path)
+        .ok()
+        .is_some_and(|b| b.last().is_some_and(|c| *c != b'\n'));
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    if torn {
+        writeln!(f)?;
+    }
+    writeln!(f, "{line}")?;
+    f.sync_data()?;
+    Record::from_json(&line).context("a record that does not read back")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_reads_back_and_a_torn_line_is_skipped() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("runs.jsonl");
+        let o = Outcome {
+            final_val_loss: 2.5,
+            curve: vec![(10, 3.0), (20, 2.5)],
+            bytes_per_member_step: 1258.0,
+            tokens_per_sec: 9000.0,
+        };
+        append(&p, "k1", &o, "abc").unwrap();
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&p)
+            .unwrap()
+            .write_all(b"{\"key\": \"k2\", \"final_")
+            .unwrap();
+        append(&p, "k3", &o, "abc").unwrap();
+        let got = load(&p).unwrap();
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[1].key, "k3");
+        assert_eq!(got[0].key, "k1");
+        assert_eq!(got[0].at(20), Some(2.5));
+        assert_eq!(got[0].at(15), None);
+    }
+}
