@@ -15,8 +15,13 @@ mod simulate;
 
 const USAGE: &str = "usage: cohort-bench <convergence|engine|efficiency|simulate|chain|adversary|app|peer> [--flag value ...]
 
-  convergence  dense AdamW vs dense sign-SGD vs Cohort compressed, same tokens
-               flags: --steps --members --arch --batch --topk --lr-adamw --lr-sign --lr-cohort --eval-windows
+  convergence  dense AdamW vs dense sign-SGD vs Cohort compressed, same tokens, each tuned
+               over one lr x momentum grid, its best point over several seeds; resumable
+               (runs kept in docs/bench/convergence-runs.jsonl); flags: --steps 2000
+               --lrs 0.001,0.003 --momenta 0.9,0.95 --grid-seeds 1 --seeds 3
+               --methods adamw,sign,cohort --schedule stale|lockstep --reference yes
+               --members 4 --batch 8 --arch --topk 4 --decode sign|rms --adaptive 0
+               --eval-windows 64 --max-runs N --plan yes (list the runs still to do)
   engine       one member's training tokens/s vs the same model in PyTorch
                flags: --arch --batch --steps --backend (auto|cpu|wgpu|cuda) --threads
   efficiency   member processes over libp2p, shaped links vs the same processes on loopback

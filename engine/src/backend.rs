@@ -32,6 +32,10 @@ pub trait GradientEngine: Send {
         targets: &[u8],
         batch: usize,
     ) -> Result<f32, EngineError>;
+    /// Hands the device memory the backend keeps pooled between steps back
+    /// to the driver (a paused member whose owner wants the VRAM). The
+    /// weights live on the CPU, so the next step only allocates again.
+    fn release_memory(&mut self) {}
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,6 +107,10 @@ where
 {
     fn kind(&self) -> BackendKind {
         self.kind
+    }
+
+    fn release_memory(&mut self) {
+        B::memory_cleanup(&self.device);
     }
 
     fn loss_and_grads(
@@ -244,7 +252,7 @@ fn wgpu_engine() -> Result<Selected, String> {
         }),
         None if adapters.is_empty() => Err("no wgpu adapter found".into()),
         None => Err(format!(
-            "only software wgpu adapters found ({}): that is the CPU again, use the cpu backend",
+            "only software wgpu adapters found ({})",
             adapters
                 .iter()
                 .map(|a| a.name.as_str())
@@ -271,7 +279,11 @@ pub fn select(choice: BackendChoice) -> Result<Selected, EngineError> {
             reason: "cpu: chosen explicitly".into(),
         }),
         BackendChoice::Cuda => cuda().map_err(EngineError::Backend),
-        BackendChoice::Wgpu => wgpu_engine().map_err(EngineError::Backend),
+        BackendChoice::Wgpu => wgpu_engine().map_err(|why| {
+            EngineError::Backend(format!(
+                "{why}: a software rasterizer is the CPU again, choose the CPU backend"
+            ))
+        }),
         BackendChoice::Auto => match cuda() {
             Ok(s) => Ok(s),
             Err(why_not_cuda) => match wgpu_engine() {

@@ -117,6 +117,12 @@ impl Trainer {
     pub fn step(&self) -> u32 {
         self.step
     }
+
+    /// Returns the device memory pooled between steps (see
+    /// [`GradientEngine::release_memory`]).
+    pub fn release_device_memory(&mut self) {
+        self.engine.release_memory();
+    }
     pub fn params(&self) -> &ParamSet {
         &self.params
     }

@@ -88,6 +88,9 @@ pub struct Settings {
     pub when: crate::when::Rules,
     /// Open (minimised) when the user logs in: a login item, see `autostart`.
     pub start_with_computer: bool,
+    /// While paused, hand the GPU memory the training backend pools between
+    /// steps back to the driver (a game gets it; resuming allocates again).
+    pub release_gpu_memory_when_paused: bool,
     /// Argon2id cost for new keystores: not saved, always the full cost
     /// unless a test lowers it.
     #[serde(skip)]
@@ -105,6 +108,7 @@ impl Default for Settings {
             memory_cap_mib: 0,
             when: crate::when::Rules::default(),
             start_with_computer: false,
+            release_gpu_memory_when_paused: false,
             kdf: Default::default(),
         }
     }

@@ -543,6 +543,7 @@ impl Worker {
             leave: false,
             benchmark: self.attestation,
             pause: pause.clone(),
+            release_memory_when_paused: self.settings.release_gpu_memory_when_paused,
             device: self.settings.gpu.choice(),
             adversary: None,
         };

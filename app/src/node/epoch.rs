@@ -95,6 +95,7 @@ impl EpochRun<'_> {
             epoch_start: Some(e * spe),
             backfill_from: Some(e * spe),
             pause: o.pause.clone(),
+            release_memory_when_paused: o.release_memory_when_paused,
             defence: Defence {
                 audit: AuditConfig {
                     quorum: j.spec.quorum as usize,

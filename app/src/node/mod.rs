@@ -76,6 +76,9 @@ pub struct OperatorConfig {
     /// While set, the node keeps applying steps but computes no gradients
     /// (its owner wants the GPU back); those steps earn nothing.
     pub pause: Arc<AtomicBool>,
+    /// Whether a pause also hands the GPU memory the backend pools back to
+    /// the driver.
+    pub release_memory_when_paused: bool,
     /// The device gradients are computed on (applying is always the same
     /// CPU code, so every member gets the same bits).
     pub device: BackendChoice,
@@ -110,6 +113,7 @@ impl OperatorConfig {
             leave: false,
             benchmark: None,
             pause: Arc::default(),
+            release_memory_when_paused: false,
             device: BackendChoice::Cpu,
             adversary: None,
         }
@@ -144,6 +148,7 @@ impl OperatorConfig {
             },
             benchmark: None,
             pause: Arc::default(),
+            release_memory_when_paused: false,
             device: BackendChoice::Cpu,
             adversary: f
                 .str("adversary")

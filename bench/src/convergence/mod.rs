@@ -224,10 +224,17 @@ pub fn run(raw: &[String]) -> Result<()> {
     let mut ran = 0;
     loop {
         let (all, complete) = plan.runs(&done);
-        let missing: Vec<Point> = all
+        let mut missing: Vec<Point> = all
             .into_iter()
             .filter(|p| !done.contains_key(&runs::key(s, p)))
             .collect();
+        // Every method at one point before the next point: a sweep cut
+        // short still compares the methods somewhere.
+        missing.sort_by(|a, b| {
+            (a.seed, a.lr, a.momentum)
+                .partial_cmp(&(b.seed, b.lr, b.momentum))
+                .unwrap_or(std::cmp::Ordering::Equal)
+        });
         let secs_per_token = |m: Method| {
             let rates: Vec<f64> = done
                 .values()

@@ -131,6 +131,9 @@ pub struct NodeConfig {
     /// device back) but keeps applying every step, so it stays in sync and
     /// can resume at once. Steps it skipped earn it nothing.
     pub pause: Arc<AtomicBool>,
+    /// Whether a pause also hands the device memory the backend pools
+    /// between steps back to the driver (the owner asked for the VRAM).
+    pub release_memory_when_paused: bool,
     pub defence: Defence,
 }
 

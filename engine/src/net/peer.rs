@@ -166,6 +166,7 @@ fn parse(args: &[String]) -> Result<(NodeConfig, BackendChoice), String> {
             epoch_start: Some(0),
             backfill_from,
             pause: Default::default(),
+            release_memory_when_paused: false,
             defence,
         },
         backend,

@@ -403,18 +403,23 @@ pub(crate) fn train_loop(
         }
         Ok::<(), String>(())
     };
+    let mut memory = PauseMemory::default();
     loop {
         while trainer.step() < cfg.steps {
             if next_compute < cfg.steps
                 && next_compute <= trainer.step() + 1
                 && cfg.pause.load(Ordering::Relaxed)
             {
+                if memory.paused(cfg.release_memory_when_paused) {
+                    trainer.release_device_memory();
+                }
                 // Skipped, not postponed: a contribution for a step already
                 // being exchanged would only arrive late.
                 next_compute += 1;
                 continue;
             }
             if next_compute < cfg.steps && next_compute <= trainer.step() + 1 {
+                memory.computing();
                 let before = audit::encode_momentum(trainer.momentum());
                 let (mut c, stats, forged) = match cfg.defence.adversary {
                     None => trainer
@@ -620,6 +625,26 @@ pub(crate) fn train_loop(
     }
 }
 
+/// Whether a pause should hand the device memory back: once when a pause
+/// starts (if the owner asked), not again until the member has computed.
+#[derive(Debug, Default)]
+struct PauseMemory {
+    released: bool,
+}
+
+impl PauseMemory {
+    /// A step skipped for a pause: true when the memory should go now.
+    fn paused(&mut self, release_asked: bool) -> bool {
+        let now = release_asked && !self.released;
+        self.released |= now;
+        now
+    }
+
+    fn computing(&mut self) {
+        self.released = false;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -653,5 +678,18 @@ mod tests {
         // A contribution computed on a state of an abandoned history names
         // another hash, so it is skipped.
         assert_ne!(after_0.expected(&[2; 32]), [3; 32]);
+    }
+
+    #[test]
+    fn a_pause_releases_device_memory_once_and_only_when_asked() {
+        let mut m = PauseMemory::default();
+        assert!(!m.paused(false));
+        assert!(m.paused(true));
+        assert!(
+            !m.paused(true),
+            "a second skipped step releases nothing more"
+        );
+        m.computing();
+        assert!(m.paused(true), "the next pause releases again");
     }
 }

@@ -63,7 +63,12 @@ pub fn show(ui: &mut egui::Ui, model: &Model, f: &mut Form, out: &mut Out) {
         ui.add(egui::DragValue::new(&mut d.memory_cap_mib).range(0..=1_048_576));
         ui.weak("0 = no cap");
     });
-    when_to_train(ui, model, &mut d.when);
+    when_to_train(
+        ui,
+        model,
+        &mut d.when,
+        &mut d.release_gpu_memory_when_paused,
+    );
     ui.add_space(8.0);
     ui.checkbox(
         &mut d.start_with_computer,
@@ -85,7 +90,7 @@ pub fn show(ui: &mut egui::Ui, model: &Model, f: &mut Form, out: &mut Out) {
 }
 
 /// The "when to train" rules ([`crate::when::Rules`]).
-fn when_to_train(ui: &mut egui::Ui, model: &Model, w: &mut crate::when::Rules) {
+fn when_to_train(ui: &mut egui::Ui, model: &Model, w: &mut crate::when::Rules, release: &mut bool) {
     ui.add_space(8.0);
     ui.strong("When to train");
     ui.horizontal(|ui| {
@@ -133,6 +138,10 @@ fn when_to_train(ui: &mut egui::Ui, model: &Model, w: &mut crate::when::Rules) {
             });
         }
     }
+    ui.checkbox(
+        release,
+        "While paused, give the GPU's memory back (resuming takes a moment longer)",
+    );
     if !model.sensors_missing.is_empty() {
         ui.weak(format!(
             "Not readable on this computer yet, so never a reason to pause: {}.",

@@ -147,6 +147,17 @@ pub fn audits_line(audits: u32, failed: u32) -> String {
     }
 }
 
+/// The GPU's temperature, power, load and memory, or why they are not shown.
+pub fn gpu_health(ui: &mut egui::Ui, model: &Model) {
+    match &model.gpu {
+        Some(g) => ui.label(format!("GPU: {}", g.words())),
+        None => ui.weak(
+            "GPU health: not readable here (needs an NVIDIA driver, or a Linux GPU driver \
+             that reports its load)",
+        ),
+    };
+}
+
 #[cfg(test)]
 mod tests {
     use super::audits_line;
@@ -157,15 +168,4 @@ mod tests {
         assert_eq!(audits_line(4, 0), "Audits run as a witness: 4, all passed");
         assert!(audits_line(5, 2).contains("2 failed"));
     }
-}
-
-/// The GPU's temperature, power, load and memory, or why they are not shown.
-pub fn gpu_health(ui: &mut egui::Ui, model: &Model) {
-    match &model.gpu {
-        Some(g) => ui.label(format!("GPU: {}", g.words())),
-        None => ui.weak(
-            "GPU health: not readable here (needs an NVIDIA driver, or a Linux GPU driver \
-             that reports its load)",
-        ),
-    };
 }
