@@ -235,6 +235,7 @@ fn import_a_phrase_and_a_keypair_file() {
     h.get_by_role_and_label(Role::CheckBox, "Only during these hours")
         .click();
     h.step();
+    h.step();
     // Start with the computer is saved too (a test app leaves the system's
     // login items alone).
     assert!(!Settings::load(&data).0.start_with_computer);
@@ -246,10 +247,15 @@ fn import_a_phrase_and_a_keypair_file() {
     h.step();
     h.step();
     click(&mut h, "Save settings");
-    wait(&mut h, "the saved rules", 30, |_| {
-        let s = Settings::load(&data).0;
-        !s.when.pause_on_battery && s.when.schedule.is_some() && s.start_with_computer
-    });
+    wait(
+        &mut h,
+        "the saved rules and start-with-the-computer",
+        30,
+        |_| {
+            let s = Settings::load(&data).0;
+            !s.when.pause_on_battery && s.when.schedule.is_some() && s.start_with_computer
+        },
+    );
     let w = Settings::load(&data).0.when;
     assert_eq!(
         w.schedule,
