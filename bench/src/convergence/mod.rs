@@ -107,7 +107,7 @@ impl Plan {
     }
 
     /// Every run the sweep needs that can be named now: the whole grid, then
-    /// the seeds of each method's best point once its grid is in. `None`
+    /// the seeds of each method's best point once its grid is in; `false`
     /// while some grid is still incomplete (more runs will be named later).
     fn runs(&self, done: &HashMap<String, Record>) -> (Vec<Point>, bool) {
         let mut out = Vec::new();
@@ -224,6 +224,7 @@ pub fn run(raw: &[String]) -> Result<()> {
     let mut ran = 0;
     loop {
         let (all, complete) = plan.runs(&done);
+        let named = all.len();
         let mut missing: Vec<Point> = all
             .into_iter()
             .filter(|p| !done.contains_key(&runs::key(s, p)))
@@ -252,13 +253,8 @@ pub fn run(raw: &[String]) -> Result<()> {
             .map(|p| s.tokens() * secs_per_token(p.method) * 1.1)
             .sum();
         println!(
-            "{} run(s) recorded for this setting, {} still to run{} (about {:.0} min at the rates measured so far)",
-            done.keys()
-                .filter(|k| k.starts_with(
-                    &runs::key(s, &plan.grid(plan.methods[0])[0])
-                        [..k.find(" method=").unwrap_or(0)]
-                ))
-                .count(),
+            "{} run(s) of this sweep recorded, {} still to run{} (about {:.0} min at the rates measured so far)",
+            named - missing.len(),
             missing.len(),
             if complete {
                 ""
