@@ -192,10 +192,27 @@ fn assert_agree(peers: &[&Peer]) -> usize {
     let maps: Vec<_> = peers.iter().map(|p| p.hashes()).collect();
     let mut compared = 0;
     for (i, a) in maps.iter().enumerate() {
-        for b in &maps[i + 1..] {
+        for (j, b) in maps.iter().enumerate().skip(i + 1) {
             for (step, h) in a {
                 if let Some(h2) = b.get(step) {
-                    assert_eq!(h, h2, "hashes differ at step {step}");
+                    if h != h2 {
+                        // What each did around the fork: its manifests'
+                        // contributors, rewinds and syncs.
+                        for (k, p) in [(i, peers[i]), (j, peers[j])] {
+                            let notes: Vec<String> = p
+                                .lines()
+                                .into_iter()
+                                .filter(|l| !l.contains(r#""event":"omitted""#))
+                                .filter(|l| {
+                                    field(l, "step")
+                                        .and_then(|s| s.parse::<u32>().ok())
+                                        .is_none_or(|s| s + 2 >= *step && s <= step + 2)
+                                })
+                                .collect();
+                            eprintln!("peer {k} around step {step}: {notes:#?}");
+                        }
+                        panic!("peers {i} and {j}: hashes differ at step {step}: {h} {h2}");
+                    }
                     compared += 1;
                 }
             }
@@ -272,8 +289,12 @@ fn processes_train_one_model_through_a_kill_a_restart_and_a_late_joiner() {
                 .filter(|l| !l.contains(r#""event":"applied""#))
                 .collect();
             eprintln!("member {i}: first differing step {first:?}; {notes:?}");
+            let _ = std::fs::write(dir.join(format!("member-{i}.out")), p.lines().join("\n"));
         }
-        panic!("final hashes differ: {finals:?}");
+        panic!(
+            "final hashes differ: {finals:?}; every line in {}",
+            dir.display()
+        );
     }
     assert!(
         done.iter()

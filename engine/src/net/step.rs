@@ -212,6 +212,11 @@ pub struct StepMachine {
     /// Manifest requests queued by [`Self::on_peer_history`] for the next
     /// poll.
     asks: Vec<Action>,
+    /// Members whose heartbeats show a history this node cannot share
+    /// (another history id at a step both applied, or `KEEP` steps ahead of
+    /// it, past what anyone still serves payloads for), since when, and the
+    /// step they were at. Cleared when a heartbeat agrees again.
+    apart: BTreeMap<u32, (Duration, u32)>,
 }
 
 impl StepMachine {
@@ -250,6 +255,7 @@ impl StepMachine {
             end: u32::MAX,
             fork_asked: BTreeMap::new(),
             asks: Vec::new(),
+            apart: BTreeMap::new(),
         }
     }
 
@@ -479,6 +485,7 @@ impl StepMachine {
         if member == self.me || member >= self.n || step == 0 || self.slashed.contains(&member) {
             return;
         }
+        self.note_apart(now, member, step, &chain);
         let Some(mine) = self.chain_before(step) else {
             return;
         };
@@ -496,6 +503,62 @@ impl StepMachine {
             self.asks
                 .push(Action::RequestManifest { step, from: member });
         }
+    }
+
+    /// Whether `member`, whose history before `step` is `chain`, is on a
+    /// history this node cannot reach by rewinding or fetching: see
+    /// [`Self::majority_elsewhere`].
+    fn note_apart(&mut self, now: Duration, member: u32, step: u32, chain: &[u8; 32]) {
+        let Some(next) = self.next_apply else {
+            return;
+        };
+        let apart = match self.chain_before(step) {
+            Some(mine) => mine != *chain,
+            // Far ahead: the payloads of the steps between are pruned
+            // everywhere, so this node can only catch up by download.
+            None if step >= next.saturating_add(KEEP) => true,
+            // A little ahead (it will be compared once this node gets
+            // there), or behind what this node kept: no news.
+            None => return,
+        };
+        if apart {
+            let since = self.apart.get(&member).map_or(now, |a| a.0);
+            self.apart.insert(member, (since, step));
+        } else {
+            self.apart.remove(&member);
+        }
+    }
+
+    /// Where to download the state from when most members went another way
+    /// and stayed there. Rewinds settle a fork between two manifests within
+    /// a retry or two; but a node that judged the better manifest
+    /// unservable (its requests timed out on a loaded machine), or that
+    /// fell further behind than anyone keeps payloads for, keeps its own
+    /// history, and a model split for good is worse than a download. Only a
+    /// majority of the members not slashed (this node counted) that has
+    /// disagreed with it for `Timing::silent` moves it, so the members a
+    /// job can have faulty cannot. The answer is the latest step whose
+    /// manifest this node holds from one of them, and that leader: its
+    /// state hash names the state to fetch.
+    pub fn majority_elsewhere(&self, now: Duration) -> Option<(u32, u32)> {
+        self.next_apply?;
+        let settled: BTreeSet<u32> = self
+            .apart
+            .iter()
+            .filter(|(m, (since, _))| {
+                !self.slashed.contains(m) && *since + self.timing.silent <= now
+            })
+            .map(|(m, _)| *m)
+            .collect();
+        let active = self.n as usize - self.slashed.len();
+        if settled.len() * 2 <= active {
+            return None;
+        }
+        self.steps
+            .iter()
+            .rev()
+            .filter_map(|(step, st)| st.manifest.as_ref().map(|m| (*step, m.leader)))
+            .find(|(_, leader)| settled.contains(leader))
     }
 
     /// A fetch failed or timed out: try the next holder on the next poll.
@@ -521,6 +584,13 @@ impl StepMachine {
             return;
         };
         st.unservable.insert((m.leader, m.attempt));
+        tracing::debug!(
+            me = self.me,
+            step,
+            leader = m.leader,
+            attempt = m.attempt,
+            "manifest given up as unservable"
+        );
         st.manifest = None;
         st.missing.clear();
         let unservable = st.unservable.clone();
@@ -558,6 +628,7 @@ impl StepMachine {
     /// checkpoint download.
     pub fn resync(&mut self, step: u32, parent: [u8; 32]) {
         self.next_apply = Some(step);
+        self.apart.clear();
         self.base = (step, parent);
         self.steps.retain(|&s, _| s + KEEP >= step);
         for st in self.steps.values_mut() {
@@ -815,8 +886,6 @@ impl StepMachine {
         }
         self.ask_missing_manifest(now, &mut out);
         // (Re)issue fetches.
-        let me = self.me;
-        let n = self.n;
         // Fetches are re-issued only after a reported failure: transfers of
         // large payloads on slow links legitimately take long, and a
         // timer-driven retry would send them twice.
@@ -835,27 +904,40 @@ impl StepMachine {
                 self.failed.remove(&hash);
                 continue;
             };
-            // First the author, then the manifest's leader, then anyone.
-            let from = match p.tries {
-                0 => p.member,
-                1 => self
-                    .steps
-                    .get(&p.step)
-                    .and_then(|s| s.manifest.as_ref())
-                    .map_or(p.member + 1, |m| m.leader),
-                t => p.member + t,
-            };
+            let leader = self
+                .steps
+                .get(&p.step)
+                .and_then(|s| s.manifest.as_ref())
+                .map(|m| m.leader);
+            let holders = self.holders(p.member, leader);
+            if holders.is_empty() {
+                self.failed.remove(&hash);
+                continue;
+            }
+            let from = holders[p.tries as usize % holders.len()];
             if let Some(p) = self.pending.get_mut(&hash) {
-                let mut from = from % n;
-                if from == me {
-                    from = (from + 1) % n;
-                }
                 p.asked_at = Some(now);
                 out.push(Action::Fetch { hash, from });
             }
             self.failed.remove(&hash);
         }
         self.prune();
+        out
+    }
+
+    /// Whom to ask for a payload, in turn: its author, then the leader whose
+    /// manifest lists it, then every other member in order; each once,
+    /// never this node or a slashed member (a slashed member's answers are
+    /// refused, and asking the same slow member again and again made a
+    /// loaded node give up on a manifest every other node applied).
+    fn holders(&self, author: u32, leader: Option<u32>) -> Vec<u32> {
+        let mut out: Vec<u32> = Vec::with_capacity(self.n as usize);
+        let rest = (1..self.n).map(|k| (author + k) % self.n);
+        for m in std::iter::once(author).chain(leader).chain(rest) {
+            if m != self.me && m < self.n && !self.slashed.contains(&m) && !out.contains(&m) {
+                out.push(m);
+            }
+        }
         out
     }
 
@@ -1021,6 +1103,11 @@ impl StepMachine {
         self.state_hashes.retain(|s, _| *s >= floor);
         self.manifest_asked.retain(|s, _| *s >= floor);
         self.pending.retain(|_, p| p.step >= floor);
+    }
+
+    /// Whether `hash` is a payload this node is fetching.
+    pub fn wants(&self, hash: &[u8; 32]) -> bool {
+        self.pending.contains_key(hash)
     }
 
     /// Whether `hash` is a payload of a step still kept.
@@ -1732,5 +1819,82 @@ mod tests {
         );
         m.on_payload(MS, a.payload_hash);
         assert!(m.holds(&a.payload_hash));
+    }
+
+    #[test]
+    fn a_payload_is_asked_of_its_author_the_leader_then_each_other_member_once_never_a_slashed_one()
+    {
+        let mut m = StepMachine::new([1; 32], 0, [2; 32], 5, 0, Timing::default(), Some(0));
+        // Before: author 2, leader 2, then 2 + 2 = 4, 2 + 3 = 0 → 1: the
+        // same slow member asked three times of four.
+        assert_eq!(m.holders(2, Some(3)), vec![2, 3, 4, 1]);
+        assert_eq!(m.holders(2, Some(2)), vec![2, 3, 4, 1]);
+        m.slash(3);
+        assert_eq!(m.holders(2, Some(3)), vec![2, 4, 1]);
+        m.slash(2);
+        assert_eq!(m.holders(2, None), vec![4, 1], "a slashed author too");
+        // The fetches follow that order, one holder per try.
+        let mut m = StepMachine::new([1; 32], 0, [2; 32], 4, 0, Timing::default(), Some(0));
+        let a = announce(0, 1);
+        m.on_announce(Duration::ZERO, &a);
+        let mut asked = Vec::new();
+        let mut now = Duration::ZERO;
+        for _ in 0..4 {
+            for act in m.poll(now) {
+                if let Action::Fetch { from, .. } = act {
+                    asked.push(from);
+                }
+            }
+            m.on_fetch_failed(a.payload_hash);
+            now += Timing::default().retry + MS;
+        }
+        assert_eq!(asked, vec![1, 2, 3, 1]);
+    }
+
+    #[test]
+    fn a_node_most_members_left_on_another_history_downloads_their_state_and_a_lone_dissenter_cannot_move_it()
+     {
+        let mut ms = machines(4);
+        for step in 0..3 {
+            run_step(
+                &mut ms,
+                step,
+                &[0, 1, 2, 3],
+                Duration::from_secs(step as u64),
+            );
+        }
+        let (step, chain) = ms[1].history().unwrap();
+        let other = [9; 32];
+        let silent = Timing::default().silent;
+        let t = Duration::from_secs(10);
+        // One member (a third of the job may be faulty) says so, for long.
+        ms[0].on_peer_history(t, 1, step, other);
+        ms[0].on_peer_history(t + silent * 3, 1, step, other);
+        assert_eq!(ms[0].majority_elsewhere(t + silent * 3), None);
+        // Two of four are no majority: a two-two split is left to the
+        // manifests' ranks, or both halves would download each other's.
+        ms[0].on_peer_history(t, 2, step, other);
+        assert_eq!(ms[0].majority_elsewhere(t + silent * 3), None);
+        // Three of four, but not for long yet: a rewind settles most forks.
+        ms[0].on_peer_history(t + silent, 3, step, other);
+        assert_eq!(ms[0].majority_elsewhere(t + silent), None);
+        // After `silent`: the latest manifest from one of them names the
+        // state to fetch (every step here was led by one of the three or
+        // by this node).
+        let at = t + silent * 2;
+        let (from_step, leader) = ms[0].majority_elsewhere(at).expect("three of four");
+        assert_ne!(leader, 0);
+        assert_eq!(ms[0].manifest(from_step).unwrap().leader, leader);
+        // A heartbeat that agrees takes its member off the count.
+        ms[0].on_peer_history(at, 3, step, chain);
+        assert_eq!(ms[0].majority_elsewhere(at), None);
+        // Far ahead (past what anyone keeps payloads for) counts as apart.
+        for member in [1, 2, 3] {
+            ms[0].on_peer_history(at, member, step + KEEP, other);
+        }
+        assert!(ms[0].majority_elsewhere(at + silent).is_some());
+        // Once it has synced, the count starts again.
+        ms[0].resync(step, chain);
+        assert_eq!(ms[0].majority_elsewhere(at + silent * 4), None);
     }
 }

@@ -9,6 +9,12 @@ impl Net {
     /// kept, else a fresh download of the latest state from a peer.
     pub(super) fn rewind(&mut self, step: u32) {
         self.stats.rewinds += 1;
+        tracing::debug!(
+            me = self.cfg.me,
+            step,
+            kept = self.snapshots.contains_key(&step),
+            "rewinding"
+        );
         self.generation += 1;
         // States after `step` are from the abandoned history.
         self.snapshots.retain(|&s, _| s <= step);
@@ -28,6 +34,29 @@ impl Net {
                 self.sync_requested = None;
             }
         }
+    }
+
+    /// Most members went another way and stayed there
+    /// ([`crate::net::step::StepMachine::majority_elsewhere`]): this node's
+    /// own states are from the abandoned history, so it downloads the state
+    /// before `step` from `from`, checked against that step's manifest, and
+    /// applies on from there like a joiner.
+    pub(super) fn join_majority(&mut self, step: u32, from: u32) {
+        tracing::warn!(
+            me = self.cfg.me,
+            step,
+            from,
+            "most members are on another history: downloading their state"
+        );
+        self.stats.rewinds += 1;
+        self.generation += 1;
+        self.snapshots.clear();
+        self.done = None;
+        self.sync_buf = None;
+        self.sync_requested = None;
+        self.request_snapshot(step, from);
+        self.machine.unsync();
+        self.syncing = true;
     }
 
     /// A backfilled manifest must be for this job, epoch and step, signed by
@@ -205,6 +234,14 @@ impl Net {
     pub(super) fn on_response(&mut self, id: OutboundRequestId, resp: Response) {
         self.deadlines.remove(&id);
         let Some(p) = self.pending.remove(&id) else {
+            // Past its deadline, and asked again elsewhere meanwhile. A
+            // payload is content-addressed, so a late one is as good as a
+            // timely one: on a loaded machine answers come late, and
+            // dropping them made the node give up on a manifest every other
+            // node applied.
+            if let Response::Payload(bytes) = resp {
+                self.late_payload(bytes);
+            }
             return;
         };
         match (p, resp) {
@@ -314,11 +351,31 @@ impl Net {
         }
     }
 
+    /// A payload that answered a request already given up: kept if this
+    /// node still wants it.
+    fn late_payload(&mut self, bytes: Vec<u8>) {
+        self.stats.bytes_in += bytes.len() as u64;
+        let hash = *blake3::hash(&bytes).as_bytes();
+        if bytes.len() > msg::MAX_RESPONSE || !self.machine.wants(&hash) {
+            return;
+        }
+        self.payloads.insert(hash, bytes);
+        let now = self.now();
+        if let Some(step) = self.machine.on_payload(now, hash) {
+            self.rewind(step);
+        }
+    }
+
     /// The snapshot download failed or did not match: ask the next member.
     pub(super) fn retry_snapshot(&mut self, step: u32) {
         let from = self.sync_buf.take().map_or(0, |b| b.from);
         self.sync_requested = None;
-        self.request_snapshot(step, (from + 1) % self.cfg.members.len() as u32);
+        let n = self.cfg.members.len() as u32;
+        let mut next = (from + 1) % n;
+        if next == self.cfg.me {
+            next = (next + 1) % n;
+        }
+        self.request_snapshot(step, next);
     }
 
     pub(super) fn on_failure(&mut self, id: OutboundRequestId) {

@@ -134,6 +134,11 @@ impl Net {
                 // may yet ask this node for a momentum.
                 self.machine
                     .on_peer_history(now, h.member, h.chain_step, h.chain);
+                if !self.syncing
+                    && let Some((step, from)) = self.machine.majority_elsewhere(now)
+                {
+                    self.join_majority(step, from);
+                }
                 // Done on the same history: a peer done on another one is
                 // waited for until one of the two has rewound.
                 if h.applied >= self.cfg.steps

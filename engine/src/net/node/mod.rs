@@ -229,6 +229,15 @@ impl Net {
                     manifest,
                     same_history,
                 } => {
+                    tracing::debug!(
+                        me = self.cfg.me,
+                        step = manifest.step,
+                        leader = manifest.leader,
+                        attempt = manifest.attempt,
+                        members = ?manifest.entries.iter().map(|e| e.0).collect::<Vec<_>>(),
+                        same_history,
+                        "applying a manifest"
+                    );
                     // The machine holds a hash only once its bytes are here.
                     let payloads = manifest
                         .entries
