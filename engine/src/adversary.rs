@@ -48,6 +48,11 @@ pub enum Mode {
     /// holds (an unservable manifest). Network node only; not in
     /// [`Mode::ALL`].
     Stalling,
+    /// Sends its payload sign-flipped and never answers a request for its
+    /// momentum (nor refuses one): it stays online and lets every reveal
+    /// of its flagged payloads time out. Network node only; not in
+    /// [`Mode::ALL`].
+    SilentReveal,
 }
 
 impl Mode {
@@ -77,13 +82,19 @@ impl Mode {
             Mode::ForgedMomentum => "forged-momentum",
             Mode::LyingLeader => "lying-leader",
             Mode::Stalling => "stalling",
+            Mode::SilentReveal => "silent-reveal",
         }
     }
 
     pub fn parse(s: &str) -> Option<Mode> {
         Mode::ALL
             .into_iter()
-            .chain([Mode::ForgedMomentum, Mode::LyingLeader, Mode::Stalling])
+            .chain([
+                Mode::ForgedMomentum,
+                Mode::LyingLeader,
+                Mode::Stalling,
+                Mode::SilentReveal,
+            ])
             .find(|m| m.name() == s)
     }
 
@@ -140,7 +151,9 @@ impl Rng {
 pub fn forge(mode: Mode, a: &Attack) -> Payload {
     let mut rng = Rng::new(&a.seed);
     match (mode, a.own) {
-        (Mode::SignFlip | Mode::ForgedMomentum, Some(own)) => map_signs(own, |_, neg| !neg),
+        (Mode::SignFlip | Mode::ForgedMomentum | Mode::SilentReveal, Some(own)) => {
+            map_signs(own, |_, neg| !neg)
+        }
         (Mode::Noise, Some(own)) => map_signs(own, |_, _| rng.next() & 1 == 1),
         (
             Mode::Scale | Mode::EquivocatingLeader | Mode::LyingLeader | Mode::Stalling,

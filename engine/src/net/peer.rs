@@ -40,7 +40,7 @@ pub const USAGE: &str = "usage: cohort-peer --index I --members N [options]
   --audit-rate R      share of unflagged contributions audited  [0.02]
   --chain-rate R      share of those that check the momentum chain too [0]
   --adversary MODE    attack (tests only): sign-flip, noise, scale, alie, ipm,
-                      free-rider, copycat, stale, forged-momentum,
+                      free-rider, copycat, stale, forged-momentum, silent-reveal,
                       lying-leader, stalling
   --mdns              discover peers on the LAN
   --peer-id-of I      print member I's peer id and exit

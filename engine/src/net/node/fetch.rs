@@ -121,8 +121,12 @@ impl Net {
 
     /// The stalling attacker answers a request for its payload only from
     /// that step's first leader (so the payload gets listed) and leaves
-    /// everyone else waiting: an author that trickles.
+    /// everyone else waiting: an author that trickles. The silent revealer
+    /// leaves every request for its momentum unanswered.
     pub(super) fn stalls(&self, from: &PeerId, req: &Request) -> bool {
+        if self.cfg.defence.adversary == Some(Mode::SilentReveal) {
+            return matches!(req, Request::Momentum { .. });
+        }
         let Request::Payload(hash) = req else {
             return false;
         };
@@ -174,6 +178,7 @@ impl Net {
             parent: m.parent,
         });
         self.sync_requested = Some(Instant::now());
+        tracing::debug!(me = self.cfg.me, step, from, "downloading a state");
         let id = self.send(&peer, Request::Snapshot { step, offset: 0 });
         self.pending.insert(id, Pending::Snapshot { step, peer });
     }
@@ -306,9 +311,18 @@ impl Net {
                     return;
                 };
                 if *want_step != step || offset as usize != buf.len() || total as usize > 1 << 30 {
+                    tracing::debug!(
+                        me = self.cfg.me,
+                        step,
+                        want = *want_step,
+                        offset,
+                        "state chunk dropped"
+                    );
                     self.stats.drop(Drop::BadBlob);
                     return;
                 }
+                // Progress: the stall watchdog counts from the last chunk.
+                self.sync_requested = Some(Instant::now());
                 buf.extend_from_slice(&chunk);
                 if buf.len() < total as usize && !chunk.is_empty() {
                     let offset = buf.len() as u32;
@@ -331,7 +345,14 @@ impl Net {
                     generation: self.generation,
                 });
             }
-            (Pending::Snapshot { step, .. }, _) => self.retry_snapshot(step),
+            (Pending::Snapshot { step, .. }, _) => {
+                tracing::debug!(
+                    me = self.cfg.me,
+                    step,
+                    "state not served: asking the next member"
+                );
+                self.retry_snapshot(step)
+            }
             (
                 Pending::Momentum { step, member },
                 Response::Snapshot {
@@ -366,8 +387,15 @@ impl Net {
         }
     }
 
-    /// The snapshot download failed or did not match: ask the next member.
+    /// The snapshot download failed or did not match: ask the next member,
+    /// for the newest state a manifest names (members keep their last 4
+    /// states only: asking again for the same step, a late joiner went
+    /// round the members for minutes once they had all pruned it).
     pub(super) fn retry_snapshot(&mut self, step: u32) {
+        let step = self
+            .machine
+            .latest_manifest()
+            .map_or(step, |m| m.step.max(step));
         let from = self.sync_buf.take().map_or(0, |b| b.from);
         self.sync_requested = None;
         let n = self.cfg.members.len() as u32;

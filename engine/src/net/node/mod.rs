@@ -161,6 +161,19 @@ struct Net {
 /// asking a member it cannot reach for a momentum.
 const AUDIT_PATIENCE: Duration = Duration::from_secs(60);
 
+/// A member heard (any valid message) within this long is online: the
+/// window `may_leave` waits for a slow peer, and what tells a silent
+/// author from a gone one when a reveal is given up.
+const ALIVE_WINDOW: Duration = Duration::from_secs(5);
+
+/// A state download that received nothing for this long is asked of the
+/// next member: its answer may have been lost, or dropped as not matching
+/// a newer request, and nothing else would ask again once the others have
+/// finished and publish no more manifests (seen under load: a node that
+/// rewound past its kept states waited the others' whole 60 s patience
+/// and was left alone).
+const SYNC_STALL: Duration = Duration::from_secs(20);
+
 impl Net {
     fn now(&self) -> Duration {
         self.started.elapsed()
@@ -714,6 +727,19 @@ impl Net {
             }
         }
         if self.syncing
+            && let Some(step) = self.sync_buf.as_ref().map(|b| b.step)
+            && self
+                .sync_requested
+                .is_some_and(|t| t.elapsed() > SYNC_STALL)
+        {
+            tracing::debug!(
+                me = self.cfg.me,
+                step,
+                "state download stalled: asking the next member"
+            );
+            self.retry_snapshot(step);
+        }
+        if self.syncing
             && self.sync_buf.is_none()
             && let Some(m) = self.machine.latest_manifest()
         {
@@ -752,7 +778,7 @@ impl Net {
             m != self.cfg.me
                 && !self.peers_done.contains(&m)
                 && !self.machine.is_slashed(m)
-                && self.machine.heard_within(now_d, m, Duration::from_secs(5))
+                && self.machine.heard_within(now_d, m, ALIVE_WINDOW)
         });
         // A slashed peer's audits count for nothing, so its claim to be
         // auditing keeps nobody; a slashed node itself has nobody to stay for.

@@ -34,9 +34,10 @@ impl Net {
     }
 
     /// A momentum request failed: try again from the start, up to 3 times,
-    /// then give up. Only a member that answered and refused (or sent
-    /// nonsense) withheld it; one we could not reach may have gone away
-    /// honestly, so its audit is dropped.
+    /// then give up. A member that answered and refused (or sent nonsense),
+    /// or that stayed silent for `AUDIT_PATIENCE` while still heard,
+    /// withheld it; one we could not reach and no longer hear may have gone
+    /// away honestly, so its audit is dropped.
     pub(super) fn reveal_failed(&mut self, step: u32, member: u32, answered: bool) {
         let Some(r) = self.reveals.get_mut(&(step, member)) else {
             return;
@@ -65,7 +66,13 @@ impl Net {
             }
         }
         if let Some(r) = self.reveals.remove(&(step, member)) {
-            let outcome = if r.refused {
+            // Unanswered for the whole patience by a member still heard
+            // now: it is online and chose not to answer, which is a refusal
+            // (it fails a flagged payload only). Counting it as gone let an
+            // author that ignores every reveal keep its flipped payloads
+            // listed and never be accused (`--adversary silent-reveal`).
+            let alive = self.machine.heard_within(self.now(), member, ALIVE_WINDOW);
+            let outcome = if r.refused || alive {
                 Revealed::Refused
             } else {
                 Revealed::Unreachable
