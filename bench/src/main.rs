@@ -10,6 +10,7 @@ mod chain_job;
 mod convergence;
 mod efficiency;
 mod engine;
+mod plot;
 mod report;
 mod simulate;
 

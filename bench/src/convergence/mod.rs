@@ -8,8 +8,9 @@ mod methods;
 mod runs;
 
 use crate::args::Args;
+use crate::plot;
 use crate::report::{self, Figures, fmt_bytes};
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use cohort_engine::compress::Decode;
 use cohort_engine::data::Corpus;
 use cohort_engine::model::ModelConfig;
@@ -320,6 +321,29 @@ impl Best {
         let v: Vec<f64> = self.records.iter().filter_map(|r| r.at(step)).collect();
         spread(&v).0
     }
+    /// (step, mean, min, max) over the seeds, at every step all of them
+    /// evaluated.
+    fn curve(&self) -> Vec<(f64, f64, f64, f64)> {
+        self.records[0]
+            .curve
+            .iter()
+            .filter_map(|(step, _)| {
+                let v: Vec<f64> = self.records.iter().filter_map(|r| r.at(*step)).collect();
+                (v.len() == self.records.len()).then(|| {
+                    let (mean, min, max) = spread(&v);
+                    (*step as f64, mean, min, max)
+                })
+            })
+            .collect()
+    }
+    fn rgb(&self) -> [u8; 3] {
+        match (self.method, self.schedule) {
+            (Method::AdamW, Schedule::OneStepStale) => [31, 119, 180],
+            (Method::AdamW, Schedule::Lockstep) => [120, 120, 120],
+            (Method::SignSgd, _) => [230, 120, 20],
+            (Method::Cohort, _) => [44, 160, 44],
+        }
+    }
     fn label(&self) -> String {
         match self.schedule {
             Schedule::Lockstep => format!("{} (lock-step reference)", self.method.label()),
@@ -504,10 +528,72 @@ fn publish(plan: &Plan, done: &HashMap<String, Record>) -> Result<()> {
             }
         }
     }
+    let png = figure(&bests, &adamw.curve(), s.steps)?;
+    let png_path = report::repo_root().join("docs/bench/convergence.png");
+    std::fs::write(&png_path, png).with_context(|| format!("writing {}", png_path.display()))?;
+    let _ = writeln!(
+        md,
+        "\n![Validation loss of each method's best point (mean over seeds, shaded from the lowest to the highest seed) and its ratio to the best-tuned AdamW, against steps](bench/convergence.png)"
+    );
     let _ = writeln!(
         md,
         "\nEvery run is kept in `docs/bench/convergence-runs.jsonl` as it ends (its validation curve, tokens/s and commit), so the same command resumes a sweep cut short."
     );
     println!("\n{md}");
     report::publish("convergence", &f, &md)
+}
+
+/// Two panels: every best point's validation loss against steps, and its
+/// ratio to the best-tuned AdamW at the same steps (the goal line at 1.05).
+fn figure(bests: &[Best], adamw: &[(f64, f64, f64, f64)], steps: u32) -> Result<Vec<u8>> {
+    let loss = bests
+        .iter()
+        .map(|b| {
+            let c = b.curve();
+            plot::Series {
+                label: b.label(),
+                rgb: b.rgb(),
+                dashed: b.schedule == Schedule::Lockstep,
+                points: c.iter().map(|q| (q.0, q.1)).collect(),
+                band: c.iter().map(|q| (q.0, q.2, q.3)).collect(),
+            }
+        })
+        .collect();
+    let ratio = bests
+        .iter()
+        .map(|b| plot::Series {
+            label: b.label(),
+            rgb: b.rgb(),
+            dashed: b.schedule == Schedule::Lockstep,
+            points: b
+                .curve()
+                .iter()
+                .filter_map(|q| {
+                    let a = adamw.iter().find(|a| a.0 == q.0)?;
+                    Some((q.0, q.1 / a.1))
+                })
+                .collect(),
+            band: Vec::new(),
+        })
+        .collect();
+    plot::render(
+        &[
+            plot::Panel {
+                title: format!("Validation loss, best point of each method ({steps} steps)"),
+                x_label: "step".into(),
+                y_label: "validation loss".into(),
+                series: loss,
+                guides: Vec::new(),
+            },
+            plot::Panel {
+                title: "Ratio to the best-tuned AdamW".into(),
+                x_label: "step".into(),
+                y_label: "loss ÷ AdamW's loss".into(),
+                series: ratio,
+                guides: vec![(1.05, "goal 1.05".into())],
+            },
+        ],
+        640,
+        420,
+    )
 }
