@@ -191,19 +191,64 @@ fn draw_panel(pix: &mut Pixmap, font: &Font, p: &Panel, left: f32, width: f32, h
             }
         }
     }
-    // Legend, top right inside the plot.
-    let mut ly = f.y0 + 16.0;
-    for s in &p.series {
-        let lx = f.x0 + f.w - 12.0 - font.width(&s.label, 12.0);
+    // Legend: in the corner of the plot that covers the fewest points of
+    // the lines, on a white card so a line behind it does not cross the text.
+    let lw = p
+        .series
+        .iter()
+        .map(|s| font.width(&s.label, 12.0))
+        .fold(0.0, f32::max)
+        + 48.0;
+    let lh = p.series.len() as f32 * 17.0 + 8.0;
+    let samples: Vec<(f32, f32)> = p
+        .series
+        .iter()
+        .flat_map(|s| s.points.windows(2))
+        .flat_map(|w| {
+            let (a, b) = (f.px(w[0].0, w[0].1), f.px(w[1].0, w[1].1));
+            (0..=16).map(move |i| {
+                let t = i as f32 / 16.0;
+                (a.0 + t * (b.0 - a.0), a.1 + t * (b.1 - a.1))
+            })
+        })
+        .collect();
+    let corners = [
+        (f.x0 + f.w - lw - 6.0, f.y0 + 6.0),
+        (f.x0 + 6.0, f.y0 + 6.0),
+        (f.x0 + f.w - lw - 6.0, f.y0 + f.h - lh - 6.0),
+        (f.x0 + 6.0, f.y0 + f.h - lh - 6.0),
+    ];
+    let covered = |(cx, cy): (f32, f32)| {
+        samples
+            .iter()
+            .filter(|(x, y)| (cx..cx + lw).contains(x) && (cy..cy + lh).contains(y))
+            .count()
+    };
+    let (cx, cy) = corners
+        .into_iter()
+        .min_by_key(|c| covered(*c))
+        .unwrap_or(corners[0]);
+    if let Some(r) = Rect::from_xywh(cx, cy, lw, lh) {
+        pix.fill_rect(r, &paint([255, 255, 255], 230), Transform::identity(), None);
+        let edge = [
+            (cx, cy),
+            (cx + lw, cy),
+            (cx + lw, cy + lh),
+            (cx, cy + lh),
+            (cx, cy),
+        ];
+        line(pix, &edge, GRID, 1.0, false);
+    }
+    for (i, s) in p.series.iter().enumerate() {
+        let ly = cy + 17.0 + i as f32 * 17.0;
         line(
             pix,
-            &[(lx - 30.0, ly - 4.0), (lx - 6.0, ly - 4.0)],
+            &[(cx + 8.0, ly - 4.0), (cx + 32.0, ly - 4.0)],
             s.rgb,
             2.0,
             s.dashed,
         );
-        font.draw(pix, &s.label, lx, ly, 12.0, Align::Left, false);
-        ly += 17.0;
+        font.draw(pix, &s.label, cx + 38.0, ly, 12.0, Align::Left, false);
     }
     font.draw(
         pix,
