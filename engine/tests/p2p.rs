@@ -371,7 +371,9 @@ fn processes_train_one_model_through_a_kill_a_restart_and_a_late_joiner() {
 /// signs and reveals momenta forged to make that recompute exactly: only
 /// the momentum chain check fails it. The silent revealer flips signs and
 /// never answers a request for its momentum: after the witnesses' patience
-/// that counts as a refusal, since it is still heard. Over the network the copycat
+/// that is withholding, since it is still heard, and fails the audit even
+/// of a payload the screen could not judge (on CI it was listed only in
+/// steps of one or two payloads, and went free). Over the network the copycat
 /// can copy only the previous step's payloads. In the sign-flip run every
 /// contribution is audited, and two honest members run other thread
 /// counts (or backends): none of their audits fails. (Five processes
@@ -444,12 +446,17 @@ fn audited_run(mode: &str) {
         .iter_mut()
         .map(|p| p.finish(Duration::from_secs(300)))
         .collect();
-    if !done.iter().all(|d| d.contains(r#""slashed":[3]"#)) {
+    // Every honest member convicted it. (Not asked of the attacker: it may
+    // leave before its conviction reaches it.)
+    if !done[..attacker]
+        .iter()
+        .all(|d| d.contains(r#""slashed":[3]"#))
+    {
         for (i, p) in peers.iter().enumerate() {
             eprintln!("{mode}: member {i}: listed per step {:?}", p.contributors());
         }
     }
-    for (i, d) in done.iter().enumerate() {
+    for (i, d) in done[..attacker].iter().enumerate() {
         assert!(d.contains(r#""slashed":[3]"#), "{mode}: member {i}: {d}");
     }
     // Every honest member applied the same manifests with the same weights.

@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
 /// The outcome of asking a member for a committed momentum.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub(crate) enum Revealed {
     /// The encoded momentum, matching its commitment.
     Momentum(Vec<u8>),
@@ -23,6 +23,11 @@ pub(crate) enum Revealed {
     Lied,
     /// The member answered without it.
     Refused,
+    /// The member stayed online (heard) and left every request for it
+    /// unanswered for the witness's whole patience. An honest node answers
+    /// a momentum request from its network thread, with the momentum or
+    /// without it, whatever its trainer is doing: silence is withholding.
+    Withheld,
     /// The member could not be reached (it may have restarted honestly).
     Unreachable,
 }
@@ -485,14 +490,15 @@ enum Judged<M> {
 
 /// One rule for a contribution's own momentum and for the one committed
 /// the step before (the chain): a momentum that does not match its
-/// commitment always fails; a refusal fails only a payload the screen
-/// flagged, because an honest member that restarted has lost its momenta
-/// and answers without them; a member that cannot be reached is not
-/// judged (the network side has already waited for it).
+/// commitment, or one withheld by a member that is online, always fails;
+/// an answer without it fails only a payload the screen flagged, because
+/// an honest member that restarted has lost its momenta and says so; a
+/// member that cannot be reached is not judged (the network side has
+/// already waited for it).
 fn judge(r: &Revealed, refusal_fails: bool) -> Judged<&[u8]> {
     match r {
         Revealed::Momentum(m) => Judged::Check(m),
-        Revealed::Lied => Judged::Fails,
+        Revealed::Lied | Revealed::Withheld => Judged::Fails,
         Revealed::Refused if refusal_fails => Judged::Fails,
         Revealed::Refused | Revealed::Unreachable => Judged::Undecided,
     }
@@ -539,9 +545,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_lie_fails_any_audit_and_a_refusal_fails_only_a_flagged_one() {
+    fn a_lie_or_a_withheld_momentum_fails_any_audit_and_a_refusal_fails_only_a_flagged_one() {
         for flagged in [false, true] {
             assert_eq!(judge(&Revealed::Lied, flagged), Judged::Fails);
+            // Silence from a member that is online fails an unflagged
+            // payload too: a step too small to screen once let an author
+            // that never answered keep its flipped payloads (CI, stop 29).
+            assert_eq!(judge(&Revealed::Withheld, flagged), Judged::Fails);
             assert_eq!(judge(&Revealed::Unreachable, flagged), Judged::Undecided);
             assert_eq!(
                 judge(&Revealed::Momentum(vec![1, 2]), flagged),

@@ -147,12 +147,14 @@ struct Net {
     /// Whether an application drives reports through [`Control`].
     reports: bool,
     /// Audits this witness drew and has not decided yet: it does not
-    /// leave while any is open (up to [`AUDIT_PATIENCE`] after its last
-    /// step), so a slow witness still audits instead of dropping it.
+    /// leave while any is open (up to [`AUDIT_PATIENCE`] and
+    /// [`AUDIT_GRACE`] after its last step), so a slow witness still audits
+    /// instead of dropping it.
     auditing: BTreeSet<(u32, u32)>,
     /// Peers whose latest heartbeat says they still audit: their audits
     /// may need this node's momentum or count its accusation, so a
-    /// finished node stays for them too (never past [`AUDIT_PATIENCE`]).
+    /// finished node stays for them too (never past [`AUDIT_PATIENCE`] and
+    /// [`AUDIT_GRACE`]).
     peers_auditing: BTreeSet<u32>,
 }
 
@@ -160,6 +162,11 @@ struct Net {
 /// for live peers still training or auditing, and how long a witness keeps
 /// asking a member it cannot reach for a momentum.
 const AUDIT_PATIENCE: Duration = Duration::from_secs(60);
+
+/// How much longer than `AUDIT_PATIENCE` a finished node stays for open
+/// audits: a reveal given up at its patience still has to reach the
+/// trainer, be judged, and have its accusations gossiped to a quorum.
+const AUDIT_GRACE: Duration = Duration::from_secs(30);
 
 /// A member heard (any valid message) within this long is online: the
 /// window `may_leave` waits for a slow peer, and what tells a silent
@@ -758,7 +765,8 @@ impl Net {
 
     /// A finished node leaves once every peer is done too, or after
     /// `linger`; but it stays (up to `AUDIT_PATIENCE`) while a live peer
-    /// still trains or audits, and longer while a report needs it.
+    /// still trains, up to `AUDIT_PATIENCE + AUDIT_GRACE` while it or a
+    /// peer still audits, and longer while a report needs it.
     fn may_leave(&mut self, linger: Duration) -> bool {
         let Some(t) = self.done else {
             return false;
@@ -789,8 +797,14 @@ impl Net {
         if self.machine.is_slashed(self.cfg.me) {
             return true;
         }
-        let staying = (slow_peer || !self.auditing.is_empty() || peer_auditing)
-            && t.elapsed() < AUDIT_PATIENCE;
+        // Audits (own or a peer's) wait up to `AUDIT_PATIENCE` for a reveal
+        // that may have been asked for just before this node finished, then
+        // need the accusations to travel: they keep it a little longer than
+        // a slow peer does (seen on CI: witnesses that left at 60 s never
+        // saw the silent revealer's conviction).
+        let open_audits = !self.auditing.is_empty() || !self.reveals.is_empty() || peer_auditing;
+        let staying = (slow_peer && t.elapsed() < AUDIT_PATIENCE)
+            || (open_audits && t.elapsed() < AUDIT_PATIENCE + AUDIT_GRACE);
         let limit = if reporting { linger * 12 } else { linger };
         (all && !reporting && !staying) || (t.elapsed() > limit && !staying)
     }

@@ -33,11 +33,12 @@ impl Net {
         }
     }
 
-    /// A momentum request failed: try again from the start, up to 3 times,
-    /// then give up. A member that answered and refused (or sent nonsense),
-    /// or that stayed silent for `AUDIT_PATIENCE` while still heard,
-    /// withheld it; one we could not reach and no longer hear may have gone
-    /// away honestly, so its audit is dropped.
+    /// A momentum request failed. A member that answered without it (or
+    /// sent nonsense) is asked again from the start, up to 3 times; one
+    /// that did not answer gets the whole `AUDIT_PATIENCE` (a busy or
+    /// restarting member gets time, and a cheat gains nothing by going
+    /// quiet: the audit waits). Then the reveal is given up (see
+    /// [`given_up`]).
     pub(super) fn reveal_failed(&mut self, step: u32, member: u32, answered: bool) {
         let Some(r) = self.reveals.get_mut(&(step, member)) else {
             return;
@@ -53,30 +54,21 @@ impl Net {
             "momentum fetch failed"
         );
         r.buf.clear();
-        // Unreachable is not a refusal: a busy or restarting member gets
-        // time (a cheat gains nothing by going quiet, the audit waits).
-        if !answered && !r.refused && r.since.elapsed() < AUDIT_PATIENCE {
-            r.retry_at = Some(Instant::now() + Duration::from_secs(r.tries.min(5) as u64));
-            return;
-        }
-        if r.tries < 3 {
+        if !r.refused {
+            if r.since.elapsed() < AUDIT_PATIENCE {
+                r.retry_at = Some(Instant::now() + Duration::from_secs(r.tries.min(5) as u64));
+                return;
+            }
+        } else if r.tries < 3 {
             let req = Request::Momentum { step, offset: 0 };
             if self.ask(member, req, Pending::Momentum { step, member }) {
                 return;
             }
         }
         if let Some(r) = self.reveals.remove(&(step, member)) {
-            // Unanswered for the whole patience by a member still heard
-            // now: it is online and chose not to answer, which is a refusal
-            // (it fails a flagged payload only). Counting it as gone let an
-            // author that ignores every reveal keep its flipped payloads
-            // listed and never be accused (`--adversary silent-reveal`).
             let alive = self.machine.heard_within(self.now(), member, ALIVE_WINDOW);
-            let outcome = if r.refused || alive {
-                Revealed::Refused
-            } else {
-                Revealed::Unreachable
-            };
+            let outcome = given_up(r.refused, alive);
+            tracing::debug!(me = self.cfg.me, member, step, ?outcome, "reveal given up");
             let _ = self.to_trainer.send(ToTrainer::Audit {
                 step,
                 member,
@@ -342,5 +334,36 @@ impl Net {
                 let _ = r.reply.send(r.got);
             }
         }
+    }
+}
+
+/// What a reveal given up on tells the audit. An answer without the
+/// momentum is a refusal (an honest member that restarted has lost it).
+/// Silence for the whole patience from a member still heard now is
+/// withholding: it is online, and an honest node answers momentum requests
+/// from its network thread whatever its trainer does (counting it as gone
+/// let an author that ignored every reveal keep its flipped payloads when
+/// its steps were too small to screen, `--adversary silent-reveal`).
+/// Silence from a member no longer heard may be an honest departure.
+pub(super) fn given_up(answered: bool, alive: bool) -> Revealed {
+    match (answered, alive) {
+        (true, _) => Revealed::Refused,
+        (false, true) => Revealed::Withheld,
+        (false, false) => Revealed::Unreachable,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn silence_from_an_online_member_is_withholding_and_from_a_gone_one_is_not_judged() {
+        assert!(matches!(given_up(false, true), Revealed::Withheld));
+        assert!(matches!(given_up(false, false), Revealed::Unreachable));
+        // An answer without the momentum is a refusal whether or not the
+        // member is still heard.
+        assert!(matches!(given_up(true, true), Revealed::Refused));
+        assert!(matches!(given_up(true, false), Revealed::Refused));
     }
 }
