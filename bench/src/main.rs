@@ -12,6 +12,7 @@ mod efficiency;
 mod engine;
 mod plot;
 mod report;
+mod runlog;
 mod simulate;
 
 const USAGE: &str = "usage: cohort-bench <convergence|engine|efficiency|simulate|chain|adversary|app|peer> [--flag value ...]
@@ -32,9 +33,11 @@ const USAGE: &str = "usage: cohort-bench <convergence|engine|efficiency|simulate
   chain        a real job's transactions, fees and balances read from the chain, then
                modelled jobs of 3, 30, 300 members; flags: --sizes 3,30,300 --epochs 3
                --real-nodes 3 --real-epochs 3 --real-steps 10
-  adversary    honest run vs 33/45% attackers of every payload attack, defences on and off
-               flags: --members 9 --steps 100 --epoch 10 --fractions 0.33,0.45 --modes all --undefended yes
-                      --witness-micro-batch 4
+  adversary    honest run vs 33/45% attackers of every payload attack, defences on and off, and
+               the honest members alone, over several seeds; resumable (runs kept in
+               docs/bench/adversary-runs.jsonl); flags: --members 9 --steps 100 --epoch 10
+               --fractions 0.33,0.45 --modes all --undefended yes --seeds 3
+               --witness-micro-batch 4 --plan yes (list the runs still to do)
   app          the desktop app's cold start vs an empty window, and frame time while training
                (needs a display: xvfb-run -a); flags: --launches 5
   peer         one member process (what `efficiency` spawns); see --help

@@ -114,6 +114,14 @@ pub fn publish(name: &str, figures: &Figures, markdown: &str) -> Result<()> {
     Ok(())
 }
 
+/// Mean, min and max of repeated measurements.
+pub fn spread(v: &[f64]) -> (f64, f64, f64) {
+    let mean = v.iter().sum::<f64>() / v.len() as f64;
+    let min = v.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    (mean, min, max)
+}
+
 pub fn fmt_bytes(b: f64) -> String {
     if b >= 1e6 {
         format!("{:.2} MB", b / 1e6)

@@ -9,7 +9,7 @@ mod runs;
 
 use crate::args::Args;
 use crate::plot;
-use crate::report::{self, Figures, fmt_bytes};
+use crate::report::{self, Figures, fmt_bytes, spread};
 use anyhow::{Context, Result, bail};
 use cohort_engine::compress::Decode;
 use cohort_engine::data::Corpus;
@@ -295,14 +295,6 @@ pub fn run(raw: &[String]) -> Result<()> {
         ran += 1;
     }
     publish(&plan, &done)
-}
-
-/// Mean, min and max.
-fn spread(v: &[f64]) -> (f64, f64, f64) {
-    let mean = v.iter().sum::<f64>() / v.len() as f64;
-    let min = v.iter().copied().fold(f64::INFINITY, f64::min);
-    let max = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    (mean, min, max)
 }
 
 struct Best {

@@ -1,13 +1,10 @@
 //! The sweep's finished runs, one JSON line each in
-//! `docs/bench/convergence-runs.jsonl`: a sweep takes hours on a small
-//! machine, so each run is kept the moment it ends and a rerun of the same
-//! command does only the runs still missing (on any machine: the file is
-//! committed).
+//! `docs/bench/convergence-runs.jsonl` (see [`crate::runlog`]): a rerun of
+//! the same command does only the runs still missing.
 
 use super::methods::{Outcome, Point, Setting, schedule_key};
 use anyhow::{Context, Result};
 use serde_json::{Value, json};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// Bump when the training math of any method changes: runs recorded under
@@ -73,24 +70,19 @@ impl Record {
 
 /// Every record in the file; a line cut short by a crash is skipped.
 pub fn load(path: &Path) -> Result<Vec<Record>> {
-    let text = match std::fs::read_to_string(path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
-    };
-    let mut out = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        match serde_json::from_str::<Value>(line)
-            .ok()
-            .as_ref()
-            .and_then(Record::from_json)
-        {
-            Some(r) => out.push(r),
-            None if line.trim().is_empty() => {}
-            None => eprintln!("{}:{}: not a run record, skipped", path.display(), i + 1),
-        }
-    }
-    Ok(out)
+    Ok(crate::runlog::load(path)?
+        .iter()
+        .filter_map(|v| {
+            let r = Record::from_json(v);
+            if r.is_none() {
+                eprintln!(
+                    "{}: a line that is not a run record, skipped",
+                    path.display()
+                );
+            }
+            r
+        })
+        .collect())
 }
 
 /// Appends one finished run, flushed to disk before the next one starts.
@@ -103,26 +95,14 @@ pub fn append(path: &Path, key: &str, o: &Outcome, commit: &str) -> Result<Recor
         "tokens_per_sec": o.tokens_per_sec,
         "commit": commit,
     });
-    // A line cut short by a crash must not swallow this one.
-    let torn = std::fs::read(path)
-        .ok()
-        .is_some_and(|b| b.last().is_some_and(|c| *c != b'\n'));
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .with_context(|| format!("opening {}", path.display()))?;
-    if torn {
-        writeln!(f)?;
-    }
-    writeln!(f, "{line}")?;
-    f.sync_data()?;
+    crate::runlog::append(path, &line)?;
     Record::from_json(&line).context("a record that does not read back")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Write;
 
     #[test]
     fn a_record_reads_back_and_a_torn_line_is_skipped() {

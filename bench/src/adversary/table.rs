@@ -1,0 +1,346 @@
+//! The adversary sweep's rows, over seeds: each ratio is to the honest run
+//! of the same seed, then reported as mean and min–max; and the section of
+//! `docs/benchmarks.md` and `docs/bench/adversary.json` they make.
+
+use super::{Kind, Setting, Summary, placed};
+use crate::report::{self, Figures, spread};
+use anyhow::Result;
+use cohort_engine::adversary::Mode;
+use std::fmt::Write as _;
+
+/// A mean undefended loss ratio below this does no harm worth removing:
+/// the harm-removed goal counts only attacks above it (and only those that
+/// harmed every seed).
+const HARMFUL: f64 = 1.02;
+
+/// Mean, min and max of one ratio over seeds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Spread {
+    pub mean: f64,
+    pub min: f64,
+    pub max: f64,
+}
+
+impl Spread {
+    fn of(v: &[f64]) -> Self {
+        let (mean, min, max) = spread(v);
+        Self { mean, min, max }
+    }
+
+    fn cell(&self) -> String {
+        format!("{:.3} ({:.3}–{:.3})", self.mean, self.min, self.max)
+    }
+}
+
+pub struct Row {
+    pub mode: Mode,
+    pub fraction: f64,
+    pub count: usize,
+    /// Final validation loss ÷ the honest run's, defended.
+    pub defended: Spread,
+    pub undefended: Option<Spread>,
+    /// The honest members alone ÷ the honest run: the floor.
+    pub alone: Spread,
+    /// Share of attackers slashed, over all seeds.
+    pub detection: f64,
+    /// Epoch (1-based) by which every attacker of every seed was slashed;
+    /// None if one never was.
+    pub epochs_to_slash: Option<u32>,
+    /// Mean audit overhead of the defended runs.
+    pub overhead: f64,
+    /// Honest members slashed, over all seeds.
+    pub false_accusations: usize,
+}
+
+impl Row {
+    /// Share of the undefended harm (mean loss above the honest run) that
+    /// the defences remove; None where the undefended attack does no harm
+    /// worth removing: a mean below [`HARMFUL`], or a seed it did not harm
+    /// at all (then the "harm" is within the seeds' spread).
+    pub fn removed(&self) -> Option<f64> {
+        let u = self.undefended?;
+        (u.mean >= HARMFUL && u.min > 1.0).then(|| (u.mean - self.defended.mean) / (u.mean - 1.0))
+    }
+}
+
+/// One row per mode and attacker count, from the logged runs.
+pub fn rows<'a>(
+    seeds: u32,
+    fractions: &[f64],
+    modes: &[Mode],
+    undefended: bool,
+    members: usize,
+    spe: u32,
+    got: &impl Fn(u32, Kind) -> &'a Summary,
+) -> Vec<Row> {
+    let mut out = Vec::new();
+    let mut counts: Vec<(f64, usize)> = fractions
+        .iter()
+        .map(|f| (*f, super::attackers(*f, members)))
+        .collect();
+    counts.dedup_by_key(|(_, c)| *c);
+    for &mode in modes {
+        for &(fraction, count) in &counts {
+            let ratios = |kind: Kind| -> Vec<f64> {
+                (0..seeds)
+                    .map(|s| got(s, kind).final_val_loss / got(s, Kind::Honest).final_val_loss)
+                    .collect()
+            };
+            let attack = |defend| Kind::Attack {
+                mode,
+                count,
+                defend,
+            };
+            let who = placed(count, members);
+            let defended: Vec<&Summary> = (0..seeds).map(|s| got(s, attack(true))).collect();
+            let caught: usize = defended
+                .iter()
+                .map(|d| who.iter().filter(|i| d.slashed.contains_key(i)).count())
+                .sum();
+            let epochs_to_slash = (caught == count * seeds as usize).then(|| {
+                defended
+                    .iter()
+                    .flat_map(|d| who.iter().filter_map(|i| d.slashed.get(i)))
+                    .map(|s| s / spe + 1)
+                    .max()
+                    .unwrap_or(0)
+            });
+            out.push(Row {
+                mode,
+                fraction,
+                count,
+                defended: Spread::of(&ratios(attack(true))),
+                undefended: undefended.then(|| Spread::of(&ratios(attack(false)))),
+                alone: Spread::of(&ratios(Kind::Alone { count })),
+                detection: caught as f64 / (count * seeds as usize) as f64,
+                epochs_to_slash,
+                overhead: spread(&defended.iter().map(|d| d.overhead()).collect::<Vec<_>>()).0,
+                false_accusations: defended.iter().map(|d| d.false_accusations).sum(),
+            });
+        }
+    }
+    out
+}
+
+fn line(r: &Row) -> String {
+    format!(
+        "{:<16} {} attackers ({:.0}%): loss ÷ honest {}{}, honest members alone {}, detected {:.0}%, slashed by epoch {}, audit overhead {:.2}%, false accusations {}",
+        r.mode.name(),
+        r.count,
+        100.0 * r.fraction,
+        r.defended.cell(),
+        r.undefended
+            .map(|u| format!(" (undefended {})", u.cell()))
+            .unwrap_or_default(),
+        r.alone.cell(),
+        100.0 * r.detection,
+        r.epochs_to_slash.map_or("never".into(), |e| e.to_string()),
+        100.0 * r.overhead,
+        r.false_accusations
+    )
+}
+
+pub fn publish(
+    rows: &[Row],
+    honest: &[&Summary],
+    s: &Setting,
+    seeds: u32,
+    secs: f64,
+) -> Result<()> {
+    let Setting {
+        members,
+        steps,
+        spe,
+        witness_micro_batch,
+        ref audit,
+    } = *s;
+    let losses: Vec<f64> = honest.iter().map(|h| h.final_val_loss).collect();
+    let loss = Spread::of(&losses);
+    let overhead = spread(&honest.iter().map(|h| h.overhead()).collect::<Vec<_>>()).0;
+    let flagged = spread(
+        &honest
+            .iter()
+            .map(|h| h.honest_flagged as f64)
+            .collect::<Vec<_>>(),
+    )
+    .0;
+    let false_acc: usize = honest.iter().map(|h| h.false_accusations).sum();
+    let mut f = Figures::default();
+    f.num("members", members as f64)
+        .num("steps", steps as f64)
+        .num("steps_per_epoch", spe as f64)
+        .num("seeds", seeds as f64)
+        .text("model", "tiny (ModelConfig::tiny), CPU")
+        .num("witness_micro_batch", witness_micro_batch as f64)
+        .num("harmful_undefended_ratio", HARMFUL)
+        .num("audit_rate", audit.rate)
+        .num("audit_quorum", audit.quorum as f64)
+        .num("audit_min_overlap", audit.min_overlap as f64)
+        .num("audit_min_agreement", audit.min_agreement as f64)
+        .num("screen_support", audit.screen_support as f64)
+        .num("screen_agreement", audit.screen_agreement as f64)
+        .num("honest_val_loss", loss.mean)
+        .num("honest_val_loss_min", loss.min)
+        .num("honest_val_loss_max", loss.max)
+        .num("honest_audit_overhead_pct", 100.0 * overhead)
+        .num("honest_payloads_flagged", flagged)
+        .num("honest_false_accusations", false_acc as f64)
+        .num("seconds", secs);
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "## Adversaries (`cargo run --release -p cohort-bench -- adversary`)\n\n\
+         {members} members train the tiny model for {steps} steps ({spe} per epoch) in one process \
+         (`engine::arena`), {seeds} seed(s) (each seed: other initial weights and batches); attackers \
+         see every honest payload of the step before sending theirs. Witnesses recompute at \
+         micro-batch {witness_micro_batch} (the job's is 8): another summation order, so other \
+         rounding, as on other hardware. Loss is the final validation loss as a ratio to the honest \
+         run of the same seed, as mean (min–max over seeds); the honest run's own loss is {:.4} \
+         ({:.4}–{:.4}). *Undefended* is the same attack on the plain sign vote, with no screen, audits \
+         or slashing. *Honest alone* is the members the attackers leave, training by themselves: the \
+         attackers' data is gone, so no defence can do better. *Harm removed* is (undefended − \
+         defended) ÷ (undefended − 1) on the means, shown where the undefended mean is at least \
+         {HARMFUL} and every seed was harmed. Audits: {:.0}% of contributions at random plus every one \
+         the screen flags; a slash needs {} witnesses whose audits failed. Goals: at 33%, at least 80% \
+         of the harm removed for every attack that does harm undefended, and loss ≤ 1.10× honest for \
+         every mode; every attacker slashed within one epoch; audit overhead ≤ 5%.\n",
+        loss.mean,
+        loss.min,
+        loss.max,
+        100.0 * audit.rate,
+        audit.quorum
+    );
+    md.push_str("| mode | attackers | loss ÷ honest | undefended | honest alone | harm removed | detected | all slashed by epoch | audit overhead | false accusations |\n|---|---|---|---|---|---|---|---|---|---|\n");
+    let _ = writeln!(
+        md,
+        "| honest | 0 | 1.000 | 1.000 | – | – | – | – | {:.2}% ({flagged:.1} honest payloads flagged per run) | {false_acc} |",
+        100.0 * overhead,
+    );
+    let mut worst_33 = 0.0f64;
+    let mut least_removed_33 = f64::INFINITY;
+    for r in rows {
+        println!("{}", line(r));
+        let pct = (100.0 * r.fraction).round() as u32;
+        let key = format!("{}_{pct}", r.mode.name().replace('-', "_"));
+        let removed = r.removed();
+        if pct == 33 {
+            worst_33 = worst_33.max(r.defended.mean);
+            if let Some(x) = removed {
+                least_removed_33 = least_removed_33.min(x);
+            }
+        }
+        let nan = f64::NAN;
+        f.num(&format!("{key}_attackers"), r.count as f64)
+            .num(&format!("{key}_loss_ratio"), r.defended.mean)
+            .num(&format!("{key}_loss_ratio_min"), r.defended.min)
+            .num(&format!("{key}_loss_ratio_max"), r.defended.max)
+            .num(
+                &format!("{key}_undefended_loss_ratio"),
+                r.undefended.map_or(nan, |u| u.mean),
+            )
+            .num(
+                &format!("{key}_undefended_loss_ratio_min"),
+                r.undefended.map_or(nan, |u| u.min),
+            )
+            .num(
+                &format!("{key}_undefended_loss_ratio_max"),
+                r.undefended.map_or(nan, |u| u.max),
+            )
+            .num(&format!("{key}_alone_loss_ratio"), r.alone.mean)
+            .num(&format!("{key}_harm_removed"), removed.unwrap_or(nan))
+            .num(&format!("{key}_detection"), r.detection)
+            .num(
+                &format!("{key}_epochs_to_slash"),
+                r.epochs_to_slash.map_or(nan, f64::from),
+            )
+            .num(&format!("{key}_audit_overhead_pct"), 100.0 * r.overhead)
+            .num(
+                &format!("{key}_false_accusations"),
+                r.false_accusations as f64,
+            );
+        let _ = writeln!(
+            md,
+            "| {} | {} of {members} ({pct}%) | {} | {} | {} | {} | {:.0}% | {} | {:.2}% | {} |",
+            r.mode.name(),
+            r.count,
+            r.defended.cell(),
+            r.undefended.map_or("–".into(), |u| u.cell()),
+            r.alone.cell(),
+            match (removed, r.undefended) {
+                (Some(x), _) => format!("{:.0}%", 100.0 * x),
+                (None, Some(_)) => "– (no harm undefended)".into(),
+                (None, None) => "–".into(),
+            },
+            100.0 * r.detection,
+            r.epochs_to_slash.map_or("never".into(), |e| e.to_string()),
+            100.0 * r.overhead,
+            r.false_accusations
+        );
+    }
+    f.num("worst_loss_ratio_at_33", worst_33)
+        .num("least_harm_removed_at_33", least_removed_33);
+    let goal = |ok: bool| if ok { "met" } else { "not met" };
+    let removed_line = if least_removed_33.is_finite() {
+        format!(
+            "least harm removed at 33%: **{:.0}%** (goal ≥ 80%: {})",
+            100.0 * least_removed_33,
+            goal(least_removed_33 >= 0.8)
+        )
+    } else {
+        "no attack at 33% did harm undefended on every seed, so the harm-removed goal was not tested"
+            .into()
+    };
+    let _ = writeln!(
+        md,
+        "\nWorst loss ratio at 33%: **{worst_33:.3}** (goal ≤ 1.10: {}); {removed_line}. \
+         Not in this table: `scale` is a no-op (top-k selection and the sign vote ignore a payload's \
+         scale, so it can neither harm nor be detected); the equivocating leader attacks manifests, and \
+         the arena has no leaders: it is measured over the network by `engine/tests/p2p.rs` (the \
+         lying-leader run: evidence recorded, reported on chain, no honest node fails its epoch). \
+         Where attackers are slashed at the first step, the run continues with the honest members \
+         only, so its loss is the *honest alone* one: what the attackers took away is their data, \
+         not damage they did. Audit overhead counts the witnesses' gradient recomputations (the \
+         momentum chain check included); the screen (one pass over the votes) is not counted. \
+         *forged-momentum* is not one of the nine: a sign-flipper that reveals momenta forged so its \
+         flipped payloads recompute exactly; one-step audits pass it, and only the momentum chain \
+         (`audit::chain_error`) convicts it. Every run is kept in `docs/bench/adversary-runs.jsonl` as \
+         it ends, so the same command resumes a sweep cut short; the runs took {secs:.0} s in all.",
+        goal(worst_33 <= 1.10)
+    );
+    println!("\nworst loss ratio at 33%: {worst_33:.3} (goal ≤ 1.10); {removed_line}");
+    report::publish("adversary", &f, &md)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(defended: f64, undefended: [f64; 3]) -> Row {
+        Row {
+            mode: Mode::SignFlip,
+            fraction: 0.33,
+            count: 3,
+            defended: Spread::of(&[defended; 3]),
+            undefended: Some(Spread::of(&undefended)),
+            alone: Spread::of(&[1.01; 3]),
+            detection: 1.0,
+            epochs_to_slash: Some(1),
+            overhead: 0.01,
+            false_accusations: 0,
+        }
+    }
+
+    #[test]
+    fn harm_counts_only_when_the_mean_is_large_and_every_seed_was_harmed() {
+        // (1.20 − 1.04) ÷ (1.20 − 1) = 80%.
+        let r = row(1.04, [1.15, 1.20, 1.25]);
+        assert!((r.removed().unwrap() - 0.8).abs() < 1e-9);
+        // A large mean from one seed, another seed unharmed: within the
+        // spread, not harm.
+        assert_eq!(row(1.0, [0.99, 1.0, 1.2]).removed(), None);
+        // Every seed harmed, but too little.
+        assert_eq!(row(1.0, [1.005, 1.01, 1.015]).removed(), None);
+        // A defence that makes it worse removes a negative share.
+        assert!(row(1.30, [1.15, 1.20, 1.25]).removed().unwrap() < 0.0);
+    }
+}
