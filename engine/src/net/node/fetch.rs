@@ -153,8 +153,14 @@ impl Net {
         for id in late {
             self.deadlines.remove(&id);
             self.stats.timed_out += 1;
-            self.on_failure(id);
+            if let Some(Pending::Momentum { step, member }) = self.pending.get(&id) {
+                self.late_reveals.insert(id, (*step, *member));
+            }
+            self.on_failure(id, Failed::TimedOut);
         }
+        // Only downloads still open can use a late answer.
+        let open = &self.reveals;
+        self.late_reveals.retain(|_, k| open.contains_key(k));
     }
 
     pub(super) fn request_snapshot(&mut self, step: u32, from: u32) {
@@ -244,6 +250,13 @@ impl Net {
             // timely one: on a loaded machine answers come late, and
             // dropping them made the node give up on a manifest every other
             // node applied.
+            // A late piece of a momentum: the member is answering, slowly.
+            if let Some(k) = self.late_reveals.remove(&id)
+                && matches!(resp, Response::Snapshot { .. })
+                && let Some(r) = self.reveals.get_mut(&k)
+            {
+                r.progress = Instant::now();
+            }
             if let Response::Payload(bytes) = resp {
                 self.late_payload(bytes);
             }
@@ -364,7 +377,9 @@ impl Net {
                 self.stats.bytes_in += chunk.len() as u64;
                 self.on_momentum_chunk(step, member, total, offset, chunk);
             }
-            (Pending::Momentum { step, member }, _) => self.reveal_failed(step, member, true),
+            (Pending::Momentum { step, member }, _) => {
+                self.reveal_failed(step, member, Failed::Answered)
+            }
             (Pending::Cosign { round, member }, Response::Signature(sig)) => {
                 self.on_cosign(round, member, Some(sig))
             }
@@ -406,13 +421,13 @@ impl Net {
         self.request_snapshot(step, next);
     }
 
-    pub(super) fn on_failure(&mut self, id: OutboundRequestId) {
+    pub(super) fn on_failure(&mut self, id: OutboundRequestId, why: Failed) {
         self.deadlines.remove(&id);
         match self.pending.remove(&id) {
             Some(Pending::Payload(h)) => self.machine.on_fetch_failed(h),
             Some(Pending::Snapshot { step, .. }) => self.retry_snapshot(step),
             Some(Pending::Backfill { step, tries }) => self.ask_backfill(step, tries + 1),
-            Some(Pending::Momentum { step, member }) => self.reveal_failed(step, member, false),
+            Some(Pending::Momentum { step, member }) => self.reveal_failed(step, member, why),
             Some(Pending::Cosign { round, member }) => self.on_cosign(round, member, None),
             _ => {}
         }

@@ -32,6 +32,7 @@ use std::sync::Arc;
 use std::sync::mpsc as std_mpsc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
+use witness::Failed;
 
 enum Pending {
     Payload([u8; 32]),
@@ -46,15 +47,23 @@ enum Pending {
 struct Reveal {
     /// What the member's contribution committed to.
     hash: [u8; 32],
+    /// The bytes received so far: a retry resumes after them.
     buf: Vec<u8>,
+    /// The size the first chunk announced; every later chunk must agree.
+    total: Option<u32>,
     tries: u32,
-    /// When the download began: a member that cannot be reached is asked
-    /// again until [`AUDIT_PATIENCE`] has passed.
-    since: Instant,
-    /// When to ask again after an unreachable try.
+    /// When the download began or last received a chunk: a member that
+    /// does not answer is asked again until [`AUDIT_PATIENCE`] has passed
+    /// since then, so a slow link that makes progress is never "silent".
+    progress: Instant,
+    /// When to ask again after an unanswered try.
     retry_at: Option<Instant>,
     /// The member answered at least once without the momentum.
     refused: bool,
+    /// Requests that reached the member over an open connection and went
+    /// unanswered past their deadline: the only silence that can count as
+    /// withholding (a dial failure or a closed connection does not).
+    silent: u32,
 }
 
 /// Co-signatures being gathered for the application.
@@ -129,6 +138,10 @@ struct Net {
     momenta: BTreeMap<u32, Arc<Vec<u8>>>,
     /// Momentum downloads for audits: (step, member) → progress.
     reveals: BTreeMap<(u32, u32), Reveal>,
+    /// Momentum requests past their deadline → whose reveal they were for:
+    /// an answer that still comes shows the member is answering, on a slow
+    /// link, not withholding (it resets the patience).
+    late_reveals: HashMap<OutboundRequestId, (u32, u32)>,
     /// The defence policy (this side's copy: the trainer holds another).
     policy: Policy,
     /// Accusations heard, counted under `policy`.
@@ -444,6 +457,7 @@ impl Net {
             peers_done: Default::default(),
             momenta: BTreeMap::new(),
             reveals: BTreeMap::new(),
+            late_reveals: HashMap::new(),
             auditing: BTreeSet::new(),
             peers_auditing: BTreeSet::new(),
             policy: cfg.policy(),
@@ -539,7 +553,13 @@ impl Net {
                 },
             )) => {
                 tracing::debug!(me = self.cfg.me, %error, "request failed");
-                self.on_failure(request_id);
+                // Only a timeout is an unanswered request on an open
+                // connection; the rest never reached the member.
+                let why = match error {
+                    request_response::OutboundFailure::Timeout => Failed::TimedOut,
+                    _ => Failed::Undelivered,
+                };
+                self.on_failure(request_id, why);
                 self.drive();
             }
             SwarmEvent::Behaviour(BehaviourEvent::Blobs(
@@ -790,10 +810,10 @@ impl Net {
         });
         // A slashed peer's audits count for nothing, so its claim to be
         // auditing keeps nobody; a slashed node itself has nobody to stay for.
-        let peer_auditing = self
-            .peers_auditing
-            .iter()
-            .any(|m| !self.machine.is_slashed(*m));
+        // Nor one no longer heard: it crashed or left, and will not accuse.
+        let peer_auditing = self.peers_auditing.iter().any(|m| {
+            !self.machine.is_slashed(*m) && self.machine.heard_within(now_d, *m, ALIVE_WINDOW)
+        });
         if self.machine.is_slashed(self.cfg.me) {
             return true;
         }
@@ -802,7 +822,7 @@ impl Net {
         // need the accusations to travel: they keep it a little longer than
         // a slow peer does (seen on CI: witnesses that left at 60 s never
         // saw the silent revealer's conviction).
-        let open_audits = !self.auditing.is_empty() || !self.reveals.is_empty() || peer_auditing;
+        let open_audits = !self.auditing.is_empty() || peer_auditing;
         let staying = (slow_peer && t.elapsed() < AUDIT_PATIENCE)
             || (open_audits && t.elapsed() < AUDIT_PATIENCE + AUDIT_GRACE);
         let limit = if reporting { linger * 12 } else { linger };

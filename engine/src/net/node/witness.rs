@@ -5,6 +5,18 @@
 use super::gossip::acceptance;
 use super::*;
 
+/// How a momentum request ended without the momentum.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) enum Failed {
+    /// The member answered without it, or with bytes that do not fit.
+    Answered,
+    /// Sent, and unanswered by its deadline (or the transport's).
+    TimedOut,
+    /// Never reached the member: no address, a failed dial, a connection
+    /// that closed, a protocol it does not speak.
+    Undelivered,
+}
+
 impl Net {
     /// Starts downloading the momentum `member` committed to (`hash`) at
     /// `step`, unless that download is already under way.
@@ -15,10 +27,12 @@ impl Net {
         let r = Reveal {
             hash,
             buf: Vec::new(),
+            total: None,
             tries: 0,
-            since: Instant::now(),
+            progress: Instant::now(),
             retry_at: None,
             refused: false,
+            silent: 0,
         };
         self.reveals.insert((step, member), r);
         self.ask_momentum(step, member, 0);
@@ -29,33 +43,52 @@ impl Net {
     pub(super) fn ask_momentum(&mut self, step: u32, member: u32, offset: u32) {
         let req = Request::Momentum { step, offset };
         if !self.ask(member, req, Pending::Momentum { step, member }) {
-            self.reveal_failed(step, member, false);
+            self.reveal_failed(step, member, Failed::Undelivered);
         }
     }
 
+    /// Whether this node holds an open connection to `member`.
+    fn connected(&self, member: u32) -> bool {
+        self.peers
+            .get(member as usize)
+            .copied()
+            .flatten()
+            .is_some_and(|p| self.swarm.is_connected(&p))
+    }
+
     /// A momentum request failed. A member that answered without it (or
-    /// sent nonsense) is asked again from the start, up to 3 times; one
-    /// that did not answer gets the whole `AUDIT_PATIENCE` (a busy or
-    /// restarting member gets time, and a cheat gains nothing by going
-    /// quiet: the audit waits). Then the reveal is given up (see
-    /// [`given_up`]).
-    pub(super) fn reveal_failed(&mut self, step: u32, member: u32, answered: bool) {
+    /// sent bytes that do not fit) is asked again from the start, up to 3
+    /// times; one that did not answer is asked again (resuming after the
+    /// bytes already received) until `AUDIT_PATIENCE` has passed with no
+    /// chunk received: a busy or restarting member gets time, and a cheat
+    /// gains nothing by going quiet (the audit waits). Then the reveal is
+    /// given up (see [`given_up`]).
+    pub(super) fn reveal_failed(&mut self, step: u32, member: u32, why: Failed) {
+        let connected = self.connected(member);
         let Some(r) = self.reveals.get_mut(&(step, member)) else {
             return;
         };
         r.tries += 1;
-        r.refused |= answered;
+        match why {
+            Failed::Answered => {
+                r.refused = true;
+                r.buf.clear();
+                r.total = None;
+            }
+            Failed::TimedOut if connected => r.silent += 1,
+            Failed::TimedOut | Failed::Undelivered => {}
+        }
         tracing::debug!(
             me = self.cfg.me,
             member,
             step,
             tries = r.tries,
-            answered,
+            ?why,
+            connected,
             "momentum fetch failed"
         );
-        r.buf.clear();
         if !r.refused {
-            if r.since.elapsed() < AUDIT_PATIENCE {
+            if r.progress.elapsed() < AUDIT_PATIENCE {
                 r.retry_at = Some(Instant::now() + Duration::from_secs(r.tries.min(5) as u64));
                 return;
             }
@@ -66,8 +99,11 @@ impl Net {
             }
         }
         if let Some(r) = self.reveals.remove(&(step, member)) {
-            let alive = self.machine.heard_within(self.now(), member, ALIVE_WINDOW);
-            let outcome = given_up(r.refused, alive);
+            // Silent means: unanswered on an open connection, and still
+            // heard and connected now.
+            let heard = self.machine.heard_within(self.now(), member, ALIVE_WINDOW);
+            let silent = r.silent > 0 && heard && connected;
+            let outcome = given_up(r.refused, silent);
             tracing::debug!(me = self.cfg.me, member, step, ?outcome, "reveal given up");
             let _ = self.to_trainer.send(ToTrainer::Audit {
                 step,
@@ -77,21 +113,21 @@ impl Net {
         }
     }
 
-    /// Asks again for the momenta whose last try found the member
-    /// unreachable, once their wait is over.
+    /// Asks again for the momenta whose last try went unanswered, once
+    /// their wait is over, from where the download stopped.
     pub(super) fn retry_reveals(&mut self) {
         let now = Instant::now();
-        let due: Vec<(u32, u32)> = self
+        let due: Vec<(u32, u32, u32)> = self
             .reveals
             .iter_mut()
             .filter(|(_, r)| r.retry_at.is_some_and(|t| t <= now))
             .map(|(k, r)| {
                 r.retry_at = None;
-                *k
+                (k.0, k.1, r.buf.len() as u32)
             })
             .collect();
-        for (step, member) in due {
-            self.ask_momentum(step, member, 0);
+        for (step, member, offset) in due {
+            self.ask_momentum(step, member, offset);
         }
     }
 
@@ -106,13 +142,23 @@ impl Net {
         let Some(r) = self.reveals.get_mut(&(step, member)) else {
             return;
         };
-        if offset as usize != r.buf.len() || total as usize > 1 << 30 {
+        // An honest member serves full chunks (all but the last) of one
+        // blob: anything else is a trickle or nonsense, not progress.
+        let end = r.buf.len() + chunk.len();
+        let fits = offset as usize == r.buf.len()
+            && total as usize <= 1 << 30
+            && r.total.is_none_or(|t| t == total)
+            && end <= total as usize
+            && (chunk.len() == msg::SNAPSHOT_CHUNK || end == total as usize);
+        if !fits {
             self.stats.drop(Drop::BadBlob);
-            self.reveal_failed(step, member, true);
+            self.reveal_failed(step, member, Failed::Answered);
             return;
         }
+        r.total = Some(total);
+        r.progress = Instant::now();
         r.buf.extend_from_slice(&chunk);
-        if r.buf.len() < total as usize && !chunk.is_empty() {
+        if r.buf.len() < total as usize {
             let next = r.buf.len() as u32;
             self.ask_momentum(step, member, next);
             return;
@@ -339,14 +385,16 @@ impl Net {
 
 /// What a reveal given up on tells the audit. An answer without the
 /// momentum is a refusal (an honest member that restarted has lost it).
-/// Silence for the whole patience from a member still heard now is
-/// withholding: it is online, and an honest node answers momentum requests
-/// from its network thread whatever its trainer does (counting it as gone
-/// let an author that ignored every reveal keep its flipped payloads when
-/// its steps were too small to screen, `--adversary silent-reveal`).
-/// Silence from a member no longer heard may be an honest departure.
-pub(super) fn given_up(answered: bool, alive: bool) -> Revealed {
-    match (answered, alive) {
+/// Silence for the whole patience (requests unanswered on an open
+/// connection to a member still heard and connected now) is withholding:
+/// an honest node answers momentum requests from its network thread
+/// whatever its trainer does (counting it as gone let an author that
+/// ignored every reveal keep its flipped payloads when its steps were too
+/// small to screen, `--adversary silent-reveal`). Anything else (never
+/// reached, no longer heard) may be an honest departure or a bad link, and
+/// is not judged.
+pub(super) fn given_up(answered: bool, silent: bool) -> Revealed {
+    match (answered, silent) {
         (true, _) => Revealed::Refused,
         (false, true) => Revealed::Withheld,
         (false, false) => Revealed::Unreachable,
@@ -358,11 +406,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn silence_from_an_online_member_is_withholding_and_from_a_gone_one_is_not_judged() {
+    fn silence_on_an_open_connection_is_withholding_and_an_unreached_member_is_not_judged() {
         assert!(matches!(given_up(false, true), Revealed::Withheld));
         assert!(matches!(given_up(false, false), Revealed::Unreachable));
         // An answer without the momentum is a refusal whether or not the
-        // member is still heard.
+        // member is silent otherwise.
         assert!(matches!(given_up(true, true), Revealed::Refused));
         assert!(matches!(given_up(true, false), Revealed::Refused));
     }
