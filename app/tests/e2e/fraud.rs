@@ -89,11 +89,21 @@ fn cheat_run(mode: &str) {
     assert!(!cheat.child.wait().unwrap().success());
     // Each witness whose audit failed votes on chain by itself; the vote
     // that completes the quorum slashes (a later one finds it slashed).
-    let logs: Vec<String> = honest.iter().flat_map(|n| n.log()).collect();
-    let slashing = logs
-        .iter()
-        .filter(|l| l.contains("reported member 3 on chain") && l.contains("slashed"))
-        .count();
+    // The voter says so once its transaction is confirmed, which can be
+    // after the cheat has seen its slash on chain (seen: the test read the
+    // logs in between), so wait for the line.
+    let t = Instant::now();
+    let (slashing, logs) = loop {
+        let logs: Vec<String> = honest.iter().flat_map(|n| n.log()).collect();
+        let slashing = logs
+            .iter()
+            .filter(|l| l.contains("reported member 3 on chain") && l.contains("slashed"))
+            .count();
+        if slashing >= 1 || t.elapsed() > Duration::from_secs(60) {
+            break (slashing, logs);
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
     assert!(slashing >= 1, "{mode}: no vote slashed member 3: {logs:#?}");
     assert!(
         !logs.iter().any(|l| l.contains("could not report")),

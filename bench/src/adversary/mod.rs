@@ -1,8 +1,8 @@
 //! `adversary`: the honest run against 33% and 45% attackers for every
 //! payload attack, in one process (`engine::arena`), with the defences on
 //! and, side by side, off, over several seeds. Beside them, the honest
-//! members alone (the attackers' share of the data gone, nothing else):
-//! the floor no defence can beat. Prints the final validation loss as a
+//! run with as many members fewer as there are attackers: what losing
+//! that share of the data costs. Prints the final validation loss as a
 //! ratio to the honest run of the same seed, the share of the undefended
 //! harm the defences remove, the share of attackers slashed, the epoch by
 //! which they all were, and what audits cost as extra compute. Witnesses
@@ -49,7 +49,7 @@ const RECIPE: u32 = 1;
 enum Kind {
     /// Every member honest, defences on.
     Honest,
-    /// Only the members a row's attackers leave, all honest, defences on.
+    /// `count` fewer members (the first n − count), all honest, defences on.
     Alone { count: usize },
     /// `count` members attack with `mode`; the defences on or off.
     Attack {

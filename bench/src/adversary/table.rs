@@ -39,7 +39,7 @@ pub struct Row {
     /// Final validation loss ÷ the honest run's, defended.
     pub defended: Spread,
     pub undefended: Option<Spread>,
-    /// The honest members alone ÷ the honest run: the floor.
+    /// The honest run with `count` fewer members ÷ the honest run.
     pub alone: Spread,
     /// Share of attackers slashed, over all seeds.
     pub detection: f64,
@@ -197,8 +197,10 @@ pub fn publish(
          rounding, as on other hardware. Loss is the final validation loss as a ratio to the honest \
          run of the same seed, as mean (min–max over seeds); the honest run's own loss is {:.4} \
          ({:.4}–{:.4}). *Undefended* is the same attack on the plain sign vote, with no screen, audits \
-         or slashing. *Honest alone* is the members the attackers leave, training by themselves: the \
-         attackers' data is gone, so no defence can do better. *Harm removed* is (undefended − \
+         or slashing. *Honest alone* is the honest run with as many members fewer as there are \
+         attackers (members 0 to n − k − 1, so other data shards than the attackers leave): it shows \
+         what losing that much data costs, and, against a defended row whose attackers were slashed \
+         at the first step, how much the choice of shards alone moves the loss. *Harm removed* is (undefended − \
          defended) ÷ (undefended − 1) on the means, shown where the undefended mean is at least \
          {HARMFUL} and every seed was harmed. Audits: {:.0}% of contributions at random plus every one \
          the screen flags; a slash needs {} witnesses whose audits failed. Goals: at 33%, at least 80% \
