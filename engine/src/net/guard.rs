@@ -23,8 +23,9 @@ pub(crate) enum Revealed {
     Lied,
     /// The member answered without it.
     Refused,
-    /// The member stayed online (heard) and left every request for it
-    /// unanswered for the witness's whole patience. An honest node answers
+    /// The member stayed online (heard and connected) and left requests
+    /// for it unanswered on an open connection for the witness's whole
+    /// patience. An honest node answers
     /// a momentum request from its network thread, with the momentum or
     /// without it, whatever its trainer is doing: silence is withholding.
     Withheld,

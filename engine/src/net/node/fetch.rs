@@ -245,11 +245,7 @@ impl Net {
     pub(super) fn on_response(&mut self, id: OutboundRequestId, resp: Response) {
         self.deadlines.remove(&id);
         let Some(p) = self.pending.remove(&id) else {
-            // Past its deadline, and asked again elsewhere meanwhile. A
-            // payload is content-addressed, so a late one is as good as a
-            // timely one: on a loaded machine answers come late, and
-            // dropping them made the node give up on a manifest every other
-            // node applied.
+            // Past its deadline, and asked again elsewhere meanwhile.
             // A late piece of a momentum: the member is answering, slowly.
             if let Some(k) = self.late_reveals.remove(&id)
                 && matches!(resp, Response::Snapshot { .. })
@@ -257,6 +253,10 @@ impl Net {
             {
                 r.progress = Instant::now();
             }
+            // A payload is content-addressed, so a late one is as good as a
+            // timely one: on a loaded machine answers come late, and
+            // dropping them made the node give up on a manifest every other
+            // node applied.
             if let Response::Payload(bytes) = resp {
                 self.late_payload(bytes);
             }
