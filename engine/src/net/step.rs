@@ -217,6 +217,10 @@ pub struct StepMachine {
     /// it, past what anyone still serves payloads for), since when, and the
     /// step they were at. Cleared when a heartbeat agrees again.
     apart: BTreeMap<u32, (Duration, u32)>,
+    /// Each member's recent heartbeats: step → its history id before that
+    /// step (the last `2 × KEEP` steps it reported). Two members that
+    /// reported different ids for one step are on different histories.
+    reports: BTreeMap<u32, BTreeMap<u32, [u8; 32]>>,
 }
 
 impl StepMachine {
@@ -256,6 +260,7 @@ impl StepMachine {
             fork_asked: BTreeMap::new(),
             asks: Vec::new(),
             apart: BTreeMap::new(),
+            reports: BTreeMap::new(),
         }
     }
 
@@ -486,6 +491,7 @@ impl StepMachine {
             return;
         }
         self.note_apart(now, member, step, &chain);
+        self.note_report(member, step, chain);
         let Some(mine) = self.chain_before(step) else {
             return;
         };
@@ -529,6 +535,27 @@ impl StepMachine {
         }
     }
 
+    /// Keeps `member`'s report that its history before `step` is `chain`.
+    /// A report for an earlier step than it last gave means it went back
+    /// (a rewind, a download): what it reported beyond it is from a
+    /// history it left.
+    fn note_report(&mut self, member: u32, step: u32, chain: [u8; 32]) {
+        let r = self.reports.entry(member).or_default();
+        r.retain(|&s, _| s <= step);
+        r.insert(step, chain);
+        while r.len() > 2 * KEEP as usize {
+            r.pop_first();
+        }
+    }
+
+    /// Whether `a` and `b` reported different histories before one step.
+    fn disagree(&self, a: u32, b: u32) -> bool {
+        let (Some(ra), Some(rb)) = (self.reports.get(&a), self.reports.get(&b)) else {
+            return false;
+        };
+        ra.iter().any(|(s, c)| rb.get(s).is_some_and(|c2| c2 != c))
+    }
+
     /// Where to download the state from when most members went another way
     /// and stayed there. Rewinds settle a fork between two manifests within
     /// a retry or two; but a node that judged the better manifest
@@ -554,11 +581,24 @@ impl StepMachine {
         if settled.len() * 2 <= active {
             return None;
         }
+        // The majority must be on one history, the leader's: members apart
+        // from this node but on histories of their own are no majority
+        // (seen under overload: three members on three histories each
+        // counted the other two, all three downloaded, and nobody was left
+        // holding a state to serve).
         self.steps
             .iter()
             .rev()
             .filter_map(|(step, st)| st.manifest.as_ref().map(|m| (*step, m.leader)))
-            .find(|(_, leader)| settled.contains(leader))
+            .find(|(_, leader)| {
+                settled.contains(leader)
+                    && settled
+                        .iter()
+                        .filter(|m| !self.disagree(**m, *leader))
+                        .count()
+                        * 2
+                        > active
+            })
     }
 
     /// A fetch failed or timed out: try the next holder on the next poll.
@@ -1889,6 +1929,9 @@ mod tests {
         ms[0].on_peer_history(at, 3, step, chain);
         assert_eq!(ms[0].majority_elsewhere(at), None);
         // Far ahead (past what anyone keeps payloads for) counts as apart.
+        // (Member 3 first rejoins the others' history, or its report of
+        // this node's would set it apart from them.)
+        ms[0].on_peer_history(at, 3, step, other);
         for member in [1, 2, 3] {
             ms[0].on_peer_history(at, member, step + KEEP, other);
         }
@@ -1896,5 +1939,36 @@ mod tests {
         // Once it has synced, the count starts again.
         ms[0].resync(step, chain);
         assert_eq!(ms[0].majority_elsewhere(at + silent * 4), None);
+    }
+
+    #[test]
+    fn members_apart_on_histories_of_their_own_are_no_majority_to_download_from() {
+        let mut ms = machines(4);
+        for step in 0..3 {
+            run_step(
+                &mut ms,
+                step,
+                &[0, 1, 2, 3],
+                Duration::from_secs(step as u64),
+            );
+        }
+        let (step, _) = ms[1].history().unwrap();
+        let silent = Timing::default().silent;
+        let t = Duration::from_secs(10);
+        for (member, id) in [(1, [7; 32]), (2, [8; 32]), (3, [9; 32])] {
+            ms[0].on_peer_history(t, member, step, id);
+        }
+        // Three members on three histories: each is apart from this node,
+        // but no two of them share one.
+        let late = t + silent * 2;
+        assert_eq!(ms[0].majority_elsewhere(late), None);
+        // Two come to share one: still not most of the job.
+        ms[0].on_peer_history(late, 2, step, [7; 32]);
+        assert_eq!(ms[0].majority_elsewhere(late), None);
+        // All three on one history: this node downloads it.
+        ms[0].on_peer_history(late, 3, step, [7; 32]);
+        let (from_step, leader) = ms[0].majority_elsewhere(late).expect("three of four agree");
+        assert_eq!(ms[0].manifest(from_step).unwrap().leader, leader);
+        assert_ne!(leader, 0);
     }
 }

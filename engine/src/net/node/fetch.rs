@@ -32,6 +32,7 @@ impl Net {
                 self.syncing = true;
                 self.sync_buf = None;
                 self.sync_requested = None;
+                self.sync_retry = None;
             }
         }
     }
@@ -54,6 +55,7 @@ impl Net {
         self.done = None;
         self.sync_buf = None;
         self.sync_requested = None;
+        self.sync_retry = None;
         self.request_snapshot(step, from);
         self.machine.unsync();
         self.syncing = true;
@@ -351,6 +353,7 @@ impl Net {
                 let bytes = std::mem::take(buf);
                 let parent = *parent;
                 self.sync_buf = None;
+                self.sync_retry = None;
                 self.syncing = false;
                 self.machine.resync(step, parent);
                 let _ = self.to_trainer.send(ToTrainer::Snapshot {
@@ -405,7 +408,8 @@ impl Net {
     /// The snapshot download failed or did not match: ask the next member,
     /// for the newest state a manifest names (members keep their last 4
     /// states only: asking again for the same step, a late joiner went
-    /// round the members for minutes once they had all pruned it).
+    /// round the members for minutes once they had all pruned it), after
+    /// [`SYNC_RETRY`].
     pub(super) fn retry_snapshot(&mut self, step: u32) {
         let step = self
             .machine
@@ -418,7 +422,7 @@ impl Net {
         if next == self.cfg.me {
             next = (next + 1) % n;
         }
-        self.request_snapshot(step, next);
+        self.sync_retry = Some((step, next, Instant::now() + SYNC_RETRY));
     }
 
     pub(super) fn on_failure(&mut self, id: OutboundRequestId, why: Failed) {

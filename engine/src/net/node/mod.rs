@@ -127,6 +127,11 @@ struct Net {
     /// Rewinds so far; trainer messages from before the latest are stale.
     generation: u64,
     sync_requested: Option<Instant>,
+    /// The next member to ask for the state after one refused or failed,
+    /// and when: asked at once, a job where nobody holds the state turned
+    /// into a request (and a dial of any member gone) every few
+    /// milliseconds on every syncing node, starving the rest of the machine.
+    sync_retry: Option<(u32, u32, Instant)>,
     subscribed: std::collections::BTreeSet<PeerId>,
     to_trainer: std_mpsc::Sender<ToTrainer>,
     unpublished: Vec<Vec<u8>>,
@@ -193,6 +198,10 @@ const ALIVE_WINDOW: Duration = Duration::from_secs(5);
 /// rewound past its kept states waited the others' whole 60 s patience
 /// and was left alone).
 const SYNC_STALL: Duration = Duration::from_secs(20);
+
+/// The pause before asking the next member for a state the last one did
+/// not serve.
+const SYNC_RETRY: Duration = Duration::from_millis(500);
 
 impl Net {
     fn now(&self) -> Duration {
@@ -448,6 +457,7 @@ impl Net {
             sync_buf: None,
             generation: 0,
             sync_requested: None,
+            sync_retry: None,
             subscribed: Default::default(),
             to_trainer,
             unpublished: Vec::new(),
@@ -767,7 +777,15 @@ impl Net {
             self.retry_snapshot(step);
         }
         if self.syncing
+            && let Some((step, from, at)) = self.sync_retry
+            && Instant::now() >= at
+        {
+            self.sync_retry = None;
+            self.request_snapshot(step, from);
+        }
+        if self.syncing
             && self.sync_buf.is_none()
+            && self.sync_retry.is_none()
             && let Some(m) = self.machine.latest_manifest()
         {
             let (step, leader) = (m.step, m.leader);
