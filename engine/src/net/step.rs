@@ -548,12 +548,18 @@ impl StepMachine {
         }
     }
 
-    /// Whether `a` and `b` reported different histories before one step.
+    /// Whether `a` and `b` reported different histories before the latest
+    /// step both reported. Only the latest: a fork carries forward, so two
+    /// members apart at one step stay apart after it unless one of them
+    /// left its history, and then its older reports are the stale ones.
     fn disagree(&self, a: u32, b: u32) -> bool {
         let (Some(ra), Some(rb)) = (self.reports.get(&a), self.reports.get(&b)) else {
             return false;
         };
-        ra.iter().any(|(s, c)| rb.get(s).is_some_and(|c2| c2 != c))
+        ra.iter()
+            .rev()
+            .find_map(|(s, c)| rb.get(s).map(|c2| c2 != c))
+            .unwrap_or(false)
     }
 
     /// Where to download the state from when most members went another way
@@ -1965,8 +1971,14 @@ mod tests {
         // Two come to share one: still not most of the job.
         ms[0].on_peer_history(late, 2, step, [7; 32]);
         assert_eq!(ms[0].majority_elsewhere(late), None);
-        // All three on one history: this node downloads it.
-        ms[0].on_peer_history(late, 3, step, [7; 32]);
+        // All three on one history: this node downloads it. (Member 3
+        // rewound onto it and passed `step` between two heartbeats: its
+        // report from before the rewind stays, but the latest step both
+        // reported is what counts.)
+        ms[0].on_peer_history(late, 3, step + 1, [6; 32]);
+        for member in [1, 2] {
+            ms[0].on_peer_history(late, member, step + 1, [6; 32]);
+        }
         let (from_step, leader) = ms[0].majority_elsewhere(late).expect("three of four agree");
         assert_eq!(ms[0].manifest(from_step).unwrap().leader, leader);
         assert_ne!(leader, 0);

@@ -361,7 +361,7 @@ impl Net {
                     generation: self.generation,
                 });
             }
-            (Pending::Snapshot { step, .. }, _) => {
+            (Pending::Snapshot { step, peer }, _) if self.is_current_download(step, &peer) => {
                 tracing::debug!(
                     me = self.cfg.me,
                     step,
@@ -369,6 +369,8 @@ impl Net {
                 );
                 self.retry_snapshot(step)
             }
+            // An answer to a request this node has moved on from.
+            (Pending::Snapshot { .. }, _) => {}
             (
                 Pending::Momentum { step, member },
                 Response::Snapshot {
@@ -417,19 +419,36 @@ impl Net {
             .map_or(step, |m| m.step.max(step));
         let from = self.sync_buf.take().map_or(0, |b| b.from);
         self.sync_requested = None;
+        self.retry_snapshot_after(step, from);
+    }
+
+    /// Asks the member after `tried` (never this node) for the state
+    /// before `step`, after [`SYNC_RETRY`].
+    pub(super) fn retry_snapshot_after(&mut self, step: u32, tried: u32) {
         let n = self.cfg.members.len() as u32;
-        let mut next = (from + 1) % n;
+        let mut next = (tried + 1) % n;
         if next == self.cfg.me {
             next = (next + 1) % n;
         }
         self.sync_retry = Some((step, next, Instant::now() + SYNC_RETRY));
     }
 
+    /// Whether a snapshot request for `step` to `peer` is the download
+    /// under way: a late failure of one this node already replaced must
+    /// neither restart the rotation nor abandon the download in progress.
+    fn is_current_download(&self, step: u32, peer: &PeerId) -> bool {
+        self.sync_buf.as_ref().is_some_and(|b| {
+            b.step == step && self.peers.get(b.from as usize) == Some(&Some(*peer))
+        })
+    }
+
     pub(super) fn on_failure(&mut self, id: OutboundRequestId, why: Failed) {
         self.deadlines.remove(&id);
         match self.pending.remove(&id) {
             Some(Pending::Payload(h)) => self.machine.on_fetch_failed(h),
-            Some(Pending::Snapshot { step, .. }) => self.retry_snapshot(step),
+            Some(Pending::Snapshot { step, peer }) if self.is_current_download(step, &peer) => {
+                self.retry_snapshot(step)
+            }
             Some(Pending::Backfill { step, tries }) => self.ask_backfill(step, tries + 1),
             Some(Pending::Momentum { step, member }) => self.reveal_failed(step, member, why),
             Some(Pending::Cosign { round, member }) => self.on_cosign(round, member, None),

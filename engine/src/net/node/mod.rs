@@ -782,6 +782,10 @@ impl Net {
         {
             self.sync_retry = None;
             self.request_snapshot(step, from);
+            if self.sync_buf.is_none() {
+                // Not asked (gone, or this node): the one after it.
+                self.retry_snapshot_after(step, from);
+            }
         }
         if self.syncing
             && self.sync_buf.is_none()
@@ -790,6 +794,12 @@ impl Net {
         {
             let (step, leader) = (m.step, m.leader);
             self.request_snapshot(step, leader);
+            if self.sync_buf.is_none() {
+                // Its leader is this node (after a rewind past its kept
+                // states) or not connected: nothing else would ask again
+                // once the others stop publishing.
+                self.retry_snapshot_after(step, leader);
+            }
         }
         if life.redial_at.elapsed() > Duration::from_secs(1) {
             life.redial_at = Instant::now();
