@@ -4,6 +4,8 @@
 //! what the user asked for. The worker thread owns every I/O resource.
 
 pub mod autostart;
+#[cfg(not(target_os = "linux"))]
+pub mod desktop;
 pub mod gpu;
 pub mod model;
 pub mod notify;

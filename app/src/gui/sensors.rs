@@ -1,11 +1,12 @@
 //! Reads the machine for the "when to train" rule ([`crate::when`]): the
-//! power source, input idle time and full-screen windows (Linux, X11), and
-//! the time of day. A source this platform or session cannot read stays
+//! power source, input idle time and full-screen windows (Linux: sysfs and
+//! X11; Windows and macOS: [`super::desktop`]), and the time of day. A source this platform or session cannot read stays
 //! `None`, and the rule that needs it never pauses; the settings screen says
 //! which those are ([`Sensors::missing`]).
 
 use super::gpu::{Gpu, GpuHealth};
 use crate::when::Sample;
+#[cfg(target_os = "linux")]
 use std::path::Path;
 use std::time::Instant;
 
@@ -13,6 +14,7 @@ use std::time::Instant;
 pub struct Sensors {
     started: Instant,
     /// Linux: `/sys/class/power_supply`, read each sample (a few files).
+    #[cfg(target_os = "linux")]
     power: Option<&'static Path>,
     #[cfg(target_os = "linux")]
     x11: Option<super::x11::X11>,
@@ -27,10 +29,12 @@ impl Default for Sensors {
 
 impl Sensors {
     pub fn new() -> Self {
+        #[cfg(target_os = "linux")]
         let sys = Path::new("/sys/class/power_supply");
         Sensors {
             started: Instant::now(),
-            power: (cfg!(target_os = "linux") && sys.is_dir()).then_some(sys),
+            #[cfg(target_os = "linux")]
+            power: sys.is_dir().then_some(sys),
             #[cfg(target_os = "linux")]
             x11: super::x11::X11::open(),
             gpu: Gpu::open(),
@@ -52,18 +56,28 @@ impl Sensors {
             .as_ref()
             .map_or((None, None), |x| (x.input_idle(), x.fullscreen()));
         #[cfg(not(target_os = "linux"))]
-        let (input_idle, fullscreen) = (None, None);
+        let (input_idle, fullscreen) = (super::desktop::input_idle(), super::desktop::fullscreen());
         let gpu = self.gpu.read();
         let sample = Sample {
             at: self.started.elapsed(),
             minute_of_day: (local.hour() * 60 + local.minute()) as u16,
             input_idle,
             fullscreen,
-            on_battery: self.power.and_then(on_battery),
+            on_battery: self.battery(),
             gpu_temp_c: gpu.as_ref().and_then(|g| g.temp_c),
             other_gpu_percent: gpu.as_ref().and_then(|g| g.other_percent),
         };
         (sample, gpu)
+    }
+
+    #[cfg(target_os = "linux")]
+    fn battery(&self) -> Option<bool> {
+        self.power.and_then(on_battery)
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    fn battery(&self) -> Option<bool> {
+        super::desktop::on_battery()
     }
 
     /// The rules that cannot act on this machine yet, in words.
@@ -98,6 +112,7 @@ pub fn secs_since_midnight() -> f64 {
 /// Linux: on battery when no mains supply is online and a battery is
 /// discharging; `None` on a machine with neither (a desktop or a VM
 /// reports no supplies at all, and is treated as on the mains).
+#[cfg(target_os = "linux")]
 fn on_battery(dir: &Path) -> Option<bool> {
     let read = |p: &Path, f: &str| {
         std::fs::read_to_string(p.join(f))
@@ -128,7 +143,7 @@ fn on_battery(dir: &Path) -> Option<bool> {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, target_os = "linux"))]
 mod tests {
     use super::*;
 
