@@ -23,6 +23,12 @@ pub enum Mode {
     Alie,
     /// Votes against the honest majority where it is strongest.
     Ipm,
+    /// The attackers of a step act as one: they share the honest votes and
+    /// split the work so that, together, they overturn as many honest
+    /// coefficients as their votes can, thinnest margins first (ALIE
+    /// coordinated). Not in [`Mode::ALL`]: added after the nine,
+    /// as the strongest payload attack a third of the members can mount.
+    Collude,
     /// Computes nothing, sends random coefficients and signs.
     FreeRider,
     /// Computes nothing, re-sends another member's payload of the step.
@@ -75,6 +81,7 @@ impl Mode {
             Mode::Scale => "scale",
             Mode::Alie => "alie",
             Mode::Ipm => "ipm",
+            Mode::Collude => "collude",
             Mode::FreeRider => "free-rider",
             Mode::Copycat => "copycat",
             Mode::Stale => "stale",
@@ -90,6 +97,7 @@ impl Mode {
         Mode::ALL
             .into_iter()
             .chain([
+                Mode::Collude,
                 Mode::ForgedMomentum,
                 Mode::LyingLeader,
                 Mode::Stalling,
@@ -125,6 +133,10 @@ pub struct Attack<'a> {
     pub first: Option<&'a Payload>,
     /// Per-attacker, per-step randomness.
     pub seed: [u8; 32],
+    /// How many attackers send this step (the colluders), and this one's
+    /// place among them, `0..crew`.
+    pub crew: usize,
+    pub rank: usize,
 }
 
 /// A small deterministic generator (tests and benchmarks must repeat).
@@ -161,6 +173,7 @@ pub fn forge(mode: Mode, a: &Attack) -> Payload {
         ) => own.clone(),
         (Mode::Alie, _) => against_majority(a, &mut rng, false),
         (Mode::Ipm, _) => against_majority(a, &mut rng, true),
+        (Mode::Collude, _) if !a.honest.is_empty() => collude(a),
         (Mode::Copycat, _) if !a.honest.is_empty() => a.honest[rng.below(a.honest.len())].clone(),
         // Its first step is honest; from then on it re-sends that payload.
         (Mode::Stale, own) if a.first.or(own).is_some() => {
@@ -286,6 +299,105 @@ fn against_majority(a: &Attack, rng: &mut Rng, strongest: bool) -> Payload {
     Payload { params }
 }
 
+/// Honest vote sums of one chunk, as (coefficient, sum) for every touched
+/// coefficient, in order of first touch.
+fn honest_sums(a: &Attack, p: usize, ch: usize, votes: &mut [i32]) -> Vec<(u16, i32)> {
+    let k = a.layout.topk[p];
+    let range = ch * k..(ch + 1) * k;
+    let mut touched: Vec<u16> = Vec::new();
+    for h in a.honest {
+        let hs = &h.params[p];
+        for (i, neg) in hs.idx[range.clone()].iter().zip(&hs.neg[range.clone()]) {
+            if votes[*i as usize] == 0 && !touched.contains(i) {
+                touched.push(*i);
+            }
+            votes[*i as usize] += if *neg { -1 } else { 1 };
+        }
+    }
+    let out = touched.iter().map(|i| (*i, votes[*i as usize])).collect();
+    for i in touched {
+        votes[i as usize] = 0;
+    }
+    out
+}
+
+/// The colluders' shared plan for one chunk: every colluder works it out
+/// alike from the same honest votes, and sends its own share. Honest
+/// coefficients are taken thinnest margin first; one with margin m gets
+/// m + 1 votes against it (overturned) from the m + 1 colluders with the
+/// most slots left, while that many have any. Slots left over vote against
+/// further coefficients one each (cancelling margin-1 votes), then fill
+/// with coefficients nobody chose.
+fn collude(a: &Attack) -> Payload {
+    let (crew, rank) = (a.crew.max(1), a.rank.min(a.crew.max(1) - 1));
+    let params = a
+        .layout
+        .dcts
+        .iter()
+        .enumerate()
+        .map(|(p, dct)| {
+            let (k, size) = (a.layout.topk[p], dct.tiling.chunk_size());
+            let mut votes = vec![0i32; size];
+            let mut s = SparseSigns::default();
+            for ch in 0..dct.tiling.chunks() {
+                let mut sums: Vec<(u16, i32)> = honest_sums(a, p, ch, &mut votes)
+                    .into_iter()
+                    .filter(|(_, v)| *v != 0)
+                    .collect();
+                sums.sort_by_key(|(i, v)| (v.abs(), *i));
+                let mut left = vec![k; crew];
+                let mut mine: Vec<(u16, bool)> = Vec::with_capacity(k);
+                let mut used = vec![false; sums.len()];
+                let mut give = |need: usize, left: &mut Vec<usize>, (i, v): (u16, i32)| {
+                    let mut order: Vec<usize> = (0..crew).filter(|c| left[*c] > 0).collect();
+                    if order.len() < need {
+                        return false;
+                    }
+                    order.sort_by_key(|c| (usize::MAX - left[*c], *c));
+                    for &c in &order[..need] {
+                        left[c] -= 1;
+                        if c == rank {
+                            mine.push((i, v > 0));
+                        }
+                    }
+                    true
+                };
+                for (n, &(i, v)) in sums.iter().enumerate() {
+                    let need = v.unsigned_abs() as usize + 1;
+                    if need <= crew && give(need, &mut left, (i, v)) {
+                        used[n] = true;
+                    }
+                }
+                for (n, &(i, v)) in sums.iter().enumerate() {
+                    if !used[n] && !give(1, &mut left, (i, v)) {
+                        break;
+                    }
+                }
+                // Fill: coefficients nobody honest chose where there are
+                // any, from a place of each colluder's own.
+                let start = rank * k;
+                for untouched_only in [true, false] {
+                    for j in 0..size {
+                        if mine.len() == k {
+                            break;
+                        }
+                        let i = ((start + j) % size) as u16;
+                        let free = !mine.iter().any(|(m, _)| *m == i);
+                        if free && (!untouched_only || sums.iter().all(|(t, _)| *t != i)) {
+                            mine.push((i, false));
+                        }
+                    }
+                }
+                mine.sort_unstable_by_key(|(i, _)| *i);
+                s.idx.extend(mine.iter().map(|(i, _)| *i));
+                s.neg.extend(mine.iter().map(|(_, n)| *n));
+            }
+            s
+        })
+        .collect();
+    Payload { params }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -305,11 +417,76 @@ mod tests {
                 own: Some(&honest[0]),
                 first: Some(&honest[1]),
                 seed: [9; 32],
+                crew: 2,
+                rank: 1,
             };
             let p = forge(mode, &a);
             p.validate(&layout)
                 .unwrap_or_else(|e| panic!("{mode:?}: {e}"));
         }
         assert_eq!(Mode::parse("nonsense"), None);
+    }
+
+    /// How far the attackers move the step's applied signs from the honest
+    /// ones: per coefficient, |sign(honest) − sign(honest + attackers)|,
+    /// so an overturned vote counts 2 and a cancelled (or added) one 1.
+    fn damage(layout: &Layout, honest: &[&Payload], attackers: &[Payload]) -> i32 {
+        let sums = |ps: &[&Payload]| {
+            let mut v = std::collections::HashMap::<(usize, usize, u16), i32>::new();
+            for p in ps {
+                for (n, s) in p.params.iter().enumerate() {
+                    let k = layout.topk[n];
+                    for (j, (i, neg)) in s.idx.iter().zip(&s.neg).enumerate() {
+                        *v.entry((n, j / k, *i)).or_default() += if *neg { -1 } else { 1 };
+                    }
+                }
+            }
+            v
+        };
+        let before = sums(honest);
+        let all: Vec<&Payload> = honest.iter().copied().chain(attackers).collect();
+        sums(&all)
+            .iter()
+            .map(|(c, v)| (v.signum() - before.get(c).copied().unwrap_or(0).signum()).abs())
+            .sum()
+    }
+
+    #[test]
+    fn colluders_do_more_damage_than_the_same_attackers_alone() {
+        let layout = Layout::new(&[vec![64, 64], vec![10]], &CompressConfig::default());
+        let mut rng = Rng::new(&[5; 32]);
+        // Six honest members in three pairs that agree (honest members'
+        // choices overlap, so most margins are 2, not 1).
+        let distinct: Vec<Payload> = (0..3).map(|_| garbage(&layout, &mut rng)).collect();
+        let refs: Vec<&Payload> = distinct.iter().chain(&distinct).collect();
+        let crew = 3;
+        let forge_all = |mode| -> Vec<Payload> {
+            (0..crew)
+                .map(|rank| {
+                    let p = forge(
+                        mode,
+                        &Attack {
+                            layout: &layout,
+                            honest: &refs,
+                            own: None,
+                            first: None,
+                            seed: [rank as u8 + 1; 32],
+                            crew,
+                            rank,
+                        },
+                    );
+                    p.validate(&layout).unwrap();
+                    p
+                })
+                .collect()
+        };
+        let together = damage(&layout, &refs, &forge_all(Mode::Collude));
+        let alone = damage(&layout, &refs, &forge_all(Mode::Alie));
+        // Against margins of 2 a lone vote changes no sign: ALIE's three
+        // attackers overturn a coefficient only where all three happen to
+        // pick it; colluders give each of four coefficients per chunk the
+        // three votes that overturn it.
+        assert!(together > alone, "collude {together}, alie {alone}");
+        assert_eq!(Mode::parse("collude"), Some(Mode::Collude));
     }
 }

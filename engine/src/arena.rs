@@ -210,6 +210,11 @@ pub fn run(
             .filter_map(|i| computed[*i].as_ref().map(|c| &c.1.payload))
             .collect();
         let layout = trainers[0].layout().clone();
+        let crew: Vec<usize> = active
+            .iter()
+            .copied()
+            .filter(|i| mode(*i).is_some())
+            .collect();
         let mut sent: Vec<(usize, Payload)> = Vec::with_capacity(active.len());
         for &i in &active {
             let own = computed[i].as_ref().map(|c| &c.1.payload);
@@ -228,6 +233,8 @@ pub fn run(
                             own,
                             first: first_sent.get(&i),
                             seed: s,
+                            crew: crew.len(),
+                            rank: crew.iter().position(|c| *c == i).unwrap_or(0),
                         },
                     )
                 }

@@ -114,6 +114,15 @@ fn ipm_is_slashed() {
     assert_loss_unharmed(&r);
 }
 
+/// Attackers that act as one (`adversary::Mode::Collude`) send payloads
+/// their data does not give: audits convict every one of them.
+#[test]
+fn colluders_are_slashed() {
+    let r = attack(Mode::Collude);
+    assert_slashed_in_first_epoch(&r);
+    assert_loss_unharmed(&r);
+}
+
 #[test]
 fn free_riders_are_slashed_in_the_first_epoch() {
     let r = attack(Mode::FreeRider);

@@ -232,7 +232,8 @@ pub fn run(raw: &[String]) -> Result<()> {
     })
     .map_err(|s| anyhow!("--fractions: `{s}` is not a share below 0.5"))?;
     let modes: Vec<Mode> = match a.get("modes", "all".to_string())?.as_str() {
-        // Every payload attack, then the forger the momentum chain is for.
+        // Every payload attack, the colluders acting as one, then the
+        // forger the momentum chain is for.
         // Left out: `scale`, a no-op (top-k selection and the sign vote
         // ignore a payload's scale), and the equivocating leader, whose
         // attack is on manifests: the arena has no leaders, and the P2P
@@ -240,11 +241,11 @@ pub fn run(raw: &[String]) -> Result<()> {
         "all" => Mode::ALL
             .into_iter()
             .filter(|m| !matches!(m, Mode::Scale | Mode::EquivocatingLeader))
-            .chain([Mode::ForgedMomentum])
+            .chain([Mode::Collude, Mode::ForgedMomentum])
             .collect(),
         m => list(m, Mode::parse).map_err(|s| {
             anyhow!(
-                "--modes: unknown mode `{s}`; one of {}, forged-momentum",
+                "--modes: unknown mode `{s}`; one of {}, collude, forged-momentum",
                 Mode::ALL.map(Mode::name).join(", ")
             )
         })?,

@@ -305,7 +305,10 @@ pub fn publish(
          momentum chain check included); the screen (one pass over the votes) is not counted. \
          *forged-momentum* is not one of the nine: a sign-flipper that reveals momenta forged so its \
          flipped payloads recompute exactly; one-step audits pass it, and only the momentum chain \
-         (`audit::chain_error`) convicts it. Every run is kept in `docs/bench/adversary-runs.jsonl` as \
+         (`audit::chain_error`) convicts it. *collude* is not one of the nine either: the step's \
+         attackers act as one, sharing the honest votes and splitting their slots so that together \
+         they overturn as many honest coefficients as they can, thinnest margins first (ALIE \
+         coordinated), the strongest payload attack we found for a third of the members. Every run is kept in `docs/bench/adversary-runs.jsonl` as \
          it ends, so the same command resumes a sweep cut short; the runs took {secs:.0} s in all.",
         goal(worst_33 <= 1.10)
     );

@@ -247,6 +247,9 @@ impl Attacker {
                 own: own.as_ref().map(|o| &o.0.payload),
                 first: self.first.as_ref(),
                 seed,
+                // A network attacker does not know its accomplices.
+                crew: 1,
+                rank: 0,
             },
         );
         self.first.get_or_insert_with(|| payload.clone());
