@@ -308,7 +308,8 @@ pub fn publish(
          (`audit::chain_error`) convicts it. *collude* is not one of the nine either: the step's \
          attackers act as one, sharing the honest votes and splitting their slots so that together \
          they overturn as many honest coefficients as they can, thinnest margins first (ALIE \
-         coordinated), the strongest payload attack we found for a third of the members. Every run is kept in `docs/bench/adversary-runs.jsonl` as \
+         coordinated); the screen does not flag it (where colluders overturn a margin, their votes agree \
+         with the aggregate they made), so only random audits find them. Every run is kept in `docs/bench/adversary-runs.jsonl` as \
          it ends, so the same command resumes a sweep cut short; the runs took {secs:.0} s in all.",
         goal(worst_33 <= 1.10)
     );
