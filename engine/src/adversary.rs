@@ -253,32 +253,17 @@ fn against_majority(a: &Attack, rng: &mut Rng, strongest: bool) -> Payload {
             let mut votes = vec![0i32; size];
             let mut s = SparseSigns::default();
             for ch in 0..dct.tiling.chunks() {
-                let range = ch * k..(ch + 1) * k;
-                let mut touched: Vec<u16> = Vec::new();
-                for h in a.honest {
-                    let hs = &h.params[p];
-                    for (i, neg) in hs.idx[range.clone()].iter().zip(&hs.neg[range.clone()]) {
-                        if votes[*i as usize] == 0 && !touched.contains(i) {
-                            touched.push(*i);
-                        }
-                        votes[*i as usize] += if *neg { -1 } else { 1 };
-                    }
-                }
-                let mut cands: Vec<u16> = touched
-                    .iter()
-                    .copied()
-                    .filter(|i| votes[*i as usize] != 0)
+                let mut cands: Vec<(u16, i32)> = honest_sums(a, p, ch, &mut votes)
+                    .into_iter()
+                    .filter(|(_, v)| *v != 0)
                     .collect();
-                cands.sort_by_key(|i| {
-                    let m = votes[*i as usize].abs();
-                    (if strongest { -m } else { m }, *i)
-                });
+                cands.sort_by_key(|(i, v)| (if strongest { -v.abs() } else { v.abs() }, *i));
                 cands.truncate(2 * k);
                 // Too few contested coefficients: fill with untouched ones.
                 let mut fill = 0u16;
                 while cands.len() < k {
-                    if !cands.contains(&fill) {
-                        cands.push(fill);
+                    if !cands.iter().any(|(i, _)| *i == fill) {
+                        cands.push((fill, 0));
                     }
                     fill += 1;
                 }
@@ -286,11 +271,8 @@ fn against_majority(a: &Attack, rng: &mut Rng, strongest: bool) -> Payload {
                     cands.swap_remove(rng.below(cands.len()));
                 }
                 cands.sort_unstable();
-                s.neg.extend(cands.iter().map(|i| votes[*i as usize] > 0));
-                s.idx.extend(cands.iter().copied());
-                for i in touched {
-                    votes[i as usize] = 0;
-                }
+                s.neg.extend(cands.iter().map(|(_, v)| *v > 0));
+                s.idx.extend(cands.iter().map(|(i, _)| *i));
             }
             debug_assert!(s.idx.iter().all(|i| (*i as usize) < size));
             s
