@@ -1053,8 +1053,10 @@ fn hostile(expect: &[Drop], make: fn(&[u8]) -> Vec<u8>, probe: bool) {
                             let _ = raw.dial(addr(*p, i).parse::<libp2p::Multiaddr>().unwrap());
                         }
                     }
+                    // Three rounds a tick: a flood, and enough of one that a
+                    // slow machine's few connected seconds still send 100.
                     for p in &raw_connected {
-                        for req in oversized_requests() {
+                        for req in (0..3).flat_map(|_| oversized_requests()) {
                             raw.behaviour_mut().send_request(p, req);
                             raw_sent += 1;
                         }
