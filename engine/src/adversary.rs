@@ -29,6 +29,13 @@ pub enum Mode {
     /// coordinated). Not in [`Mode::ALL`]: added after the nine,
     /// as the strongest payload attack a third of the members can mount.
     Collude,
+    /// Colluders that hide from the screen: each overturned coefficient
+    /// gets one vote more than it needs, so every colluder sees the others'
+    /// sum agree with it (no tie), and slots left over vote *with* the
+    /// honest majority where it is strongest. Fewer coefficients
+    /// overturned, a screen score like an honest member's. Not in
+    /// [`Mode::ALL`].
+    ColludeHidden,
     /// Computes nothing, sends random coefficients and signs.
     FreeRider,
     /// Computes nothing, re-sends another member's payload of the step.
@@ -82,6 +89,7 @@ impl Mode {
             Mode::Alie => "alie",
             Mode::Ipm => "ipm",
             Mode::Collude => "collude",
+            Mode::ColludeHidden => "collude-hidden",
             Mode::FreeRider => "free-rider",
             Mode::Copycat => "copycat",
             Mode::Stale => "stale",
@@ -98,6 +106,7 @@ impl Mode {
             .into_iter()
             .chain([
                 Mode::Collude,
+                Mode::ColludeHidden,
                 Mode::ForgedMomentum,
                 Mode::LyingLeader,
                 Mode::Stalling,
@@ -173,7 +182,8 @@ pub fn forge(mode: Mode, a: &Attack) -> Payload {
         ) => own.clone(),
         (Mode::Alie, _) => against_majority(a, &mut rng, false),
         (Mode::Ipm, _) => against_majority(a, &mut rng, true),
-        (Mode::Collude, _) if !a.honest.is_empty() => collude(a),
+        (Mode::Collude, _) if !a.honest.is_empty() => collude(a, false),
+        (Mode::ColludeHidden, _) if !a.honest.is_empty() => collude(a, true),
         (Mode::Copycat, _) if !a.honest.is_empty() => a.honest[rng.below(a.honest.len())].clone(),
         // Its first step is honest; from then on it re-sends that payload.
         (Mode::Stale, own) if a.first.or(own).is_some() => {
@@ -309,8 +319,10 @@ fn honest_sums(a: &Attack, p: usize, ch: usize, votes: &mut [i32]) -> Vec<(u16, 
 /// m + 1 votes against it (overturned) from the m + 1 colluders with the
 /// most slots left, while that many have any. Slots left over vote against
 /// further coefficients one each (cancelling margin-1 votes), then fill
-/// with coefficients nobody chose.
-fn collude(a: &Attack) -> Payload {
+/// with coefficients nobody chose. `hidden` ([`Mode::ColludeHidden`]):
+/// m + 2 votes per overturned coefficient, and left-over slots vote with
+/// the honest majority, strongest first.
+fn collude(a: &Attack, hidden: bool) -> Payload {
     let (crew, rank) = (a.crew.max(1), a.rank.min(a.crew.max(1) - 1));
     let params = a
         .layout
@@ -330,7 +342,7 @@ fn collude(a: &Attack) -> Payload {
                 let mut left = vec![k; crew];
                 let mut mine: Vec<(u16, bool)> = Vec::with_capacity(k);
                 let mut used = vec![false; sums.len()];
-                let mut give = |need: usize, left: &mut Vec<usize>, (i, v): (u16, i32)| {
+                let mut give = |need: usize, left: &mut Vec<usize>, (i, neg): (u16, bool)| {
                     let mut order: Vec<usize> = (0..crew).filter(|c| left[*c] > 0).collect();
                     if order.len() < need {
                         return false;
@@ -339,19 +351,32 @@ fn collude(a: &Attack) -> Payload {
                     for &c in &order[..need] {
                         left[c] -= 1;
                         if c == rank {
-                            mine.push((i, v > 0));
+                            mine.push((i, neg));
                         }
                     }
                     true
                 };
                 for (n, &(i, v)) in sums.iter().enumerate() {
-                    let need = v.unsigned_abs() as usize + 1;
-                    if need <= crew && give(need, &mut left, (i, v)) {
+                    let need = v.unsigned_abs() as usize + 1 + usize::from(hidden);
+                    if need <= crew && give(need, &mut left, (i, v > 0)) {
                         used[n] = true;
                     }
                 }
-                for (n, &(i, v)) in sums.iter().enumerate() {
-                    if !used[n] && !give(1, &mut left, (i, v)) {
+                // Left-over slots: cancel thin margins, or (hidden) agree
+                // with the strongest ones.
+                let rest: Vec<(u16, bool)> = if hidden {
+                    (sums.iter().zip(&used).rev())
+                        .filter(|(_, u)| !**u)
+                        .map(|(&(i, v), _)| (i, v < 0))
+                        .collect()
+                } else {
+                    (sums.iter().zip(&used))
+                        .filter(|(_, u)| !**u)
+                        .map(|(&(i, v), _)| (i, v > 0))
+                        .collect()
+                };
+                for c in rest {
+                    if !give(1, &mut left, c) {
                         break;
                     }
                 }
@@ -470,5 +495,83 @@ mod tests {
         // three votes that overturn it.
         assert!(together > alone, "collude {together}, alie {alone}");
         assert_eq!(Mode::parse("collude"), Some(Mode::Collude));
+    }
+
+    #[test]
+    fn colluders_that_overturn_margins_are_flagged_and_hiding_from_the_screen_costs_damage() {
+        let layout = Layout::new(&[vec![64, 64], vec![10]], &CompressConfig::default());
+        // Six honest members; per chunk nine coefficients with fixed signs,
+        // member j picking j to j + 3 (margins 1 to 4, all honest votes
+        // alike in sign).
+        let honest: Vec<Payload> = (0..6)
+            .map(|j| Payload {
+                params: (layout.dcts.iter())
+                    .map(|dct| {
+                        let step = dct.tiling.chunk_size() / 9;
+                        let mut s = SparseSigns::default();
+                        for _ in 0..dct.tiling.chunks() {
+                            let mut picks: Vec<(u16, bool)> = (0..4)
+                                .map(|t| {
+                                    let q = (j + t) % 9;
+                                    ((q * step) as u16, q % 2 == 0)
+                                })
+                                .collect();
+                            picks.sort_unstable();
+                            s.idx.extend(picks.iter().map(|(i, _)| *i));
+                            s.neg.extend(picks.iter().map(|(_, n)| *n));
+                        }
+                        s
+                    })
+                    .collect(),
+            })
+            .collect();
+        let refs: Vec<&Payload> = honest.iter().collect();
+        let crew = 3;
+        let forge_all = |mode| -> Vec<Payload> {
+            (0..crew)
+                .map(|rank| {
+                    let a = Attack {
+                        layout: &layout,
+                        honest: &refs,
+                        own: None,
+                        first: None,
+                        seed: [rank as u8 + 1; 32],
+                        crew,
+                        rank,
+                    };
+                    forge(mode, &a)
+                })
+                .collect()
+        };
+        let cfg = crate::audit::AuditConfig::default();
+        let screened = |attackers: &[Payload]| {
+            let all: Vec<&Payload> = refs.iter().copied().chain(attackers).collect();
+            crate::audit::screen(&layout, &all, &[], &cfg)
+        };
+        // Each colluder's overturning vote sees the others' votes tied
+        // (margin m against, m other colluders for): a tie counts half, so
+        // no colluder scores above 0.5 and the screen flags every one. The
+        // honest voters they overturned disagree with the sum; judged again
+        // against the payloads kept, none of them stays flagged.
+        let open = forge_all(Mode::Collude);
+        let s = screened(&open);
+        assert!(
+            s[6..].iter().all(|s| s.agreement <= 0.5 && s.flagged(&cfg)),
+            "{:?}",
+            &s[6..]
+        );
+        assert!(s[..6].iter().all(|s| !s.flagged(&cfg)), "{:?}", &s[..6]);
+        // To pass, colluders need m + 2 votes per overturned coefficient
+        // (three overturn margins of 1 only) and vote with the honest
+        // majority with the slots left: less damage.
+        let hidden = forge_all(Mode::ColludeHidden);
+        let s = screened(&hidden);
+        assert!(s[6..].iter().all(|s| !s.flagged(&cfg)), "{:?}", &s[6..]);
+        let (open, hidden) = (
+            damage(&layout, &refs, &open),
+            damage(&layout, &refs, &hidden),
+        );
+        assert!(hidden < open, "open {open}, hidden {hidden}");
+        assert_eq!(Mode::parse("collude-hidden"), Some(Mode::ColludeHidden));
     }
 }

@@ -191,7 +191,7 @@ pub fn screen_step(
     recent: &[[u8; 32]],
     cfg: &AuditConfig,
 ) -> StepScreen {
-    let screens = screen(layout, payloads, recent);
+    let screens = screen(layout, payloads, recent, cfg);
     let hashes: Vec<[u8; 32]> = payloads.iter().map(|p| payload_hash(p)).collect();
     let weights = (0..payloads.len())
         .map(|j| {
@@ -263,7 +263,7 @@ pub struct Screen {
     /// Share of its coefficients some other member picked too.
     pub support: f32,
     /// Among those, share whose sign matches the sign of the others' summed
-    /// votes (ties count as matching).
+    /// votes (a tie counts half).
     pub agreement: f32,
     /// Byte-identical to another payload of the step or to one in `recent`.
     pub duplicate: bool,
@@ -290,8 +290,18 @@ pub const MIN_SCREENED: usize = 3;
 
 /// Screens every payload of one step against the others. `recent` holds
 /// payload hashes from earlier steps (a re-sent payload is a duplicate).
-/// Costs one pass over the votes: no gradient is computed.
-pub fn screen(layout: &Layout, payloads: &[&Payload], recent: &[[u8; 32]]) -> Vec<Screen> {
+/// Two passes over the votes, no gradient computed. The first judges each
+/// payload against everyone else's votes; the second judges the agreement
+/// of the payloads it flagged again, against the votes of the payloads it
+/// kept, so that attackers who overturn honest coefficients together (and
+/// are flagged for it) cannot get the honest voters there flagged, and
+/// their votes zeroed, with them.
+pub fn screen(
+    layout: &Layout,
+    payloads: &[&Payload],
+    recent: &[[u8; 32]],
+    cfg: &AuditConfig,
+) -> Vec<Screen> {
     let hashes: Vec<[u8; 32]> = payloads.iter().map(|p| payload_hash(p)).collect();
     let mut out: Vec<Screen> = hashes
         .iter()
@@ -302,43 +312,6 @@ pub fn screen(layout: &Layout, payloads: &[&Payload], recent: &[[u8; 32]]) -> Ve
             ..Default::default()
         })
         .collect();
-    let mut support = vec![0usize; payloads.len()];
-    let mut agree = vec![0usize; payloads.len()];
-    let mut total = vec![0usize; payloads.len()];
-    for (p, dct) in layout.dcts.iter().enumerate() {
-        let k = layout.topk[p];
-        let size = dct.tiling.chunk_size();
-        let mut votes = vec![0i32; size];
-        let mut count = vec![0u32; size];
-        for ch in 0..dct.tiling.chunks() {
-            let range = ch * k..(ch + 1) * k;
-            for pl in payloads {
-                let s = &pl.params[p];
-                for (i, neg) in s.idx[range.clone()].iter().zip(&s.neg[range.clone()]) {
-                    votes[*i as usize] += if *neg { -1 } else { 1 };
-                    count[*i as usize] += 1;
-                }
-            }
-            for (m, pl) in payloads.iter().enumerate() {
-                let s = &pl.params[p];
-                for (i, neg) in s.idx[range.clone()].iter().zip(&s.neg[range.clone()]) {
-                    let own = if *neg { -1 } else { 1 };
-                    total[m] += 1;
-                    if count[*i as usize] > 1 {
-                        support[m] += 1;
-                        let others = votes[*i as usize] - own;
-                        agree[m] += usize::from(others * own >= 0);
-                    }
-                }
-            }
-            for pl in payloads {
-                for i in &pl.params[p].idx[range.clone()] {
-                    votes[*i as usize] = 0;
-                    count[*i as usize] = 0;
-                }
-            }
-        }
-    }
     // With fewer than three payloads there is no majority to be judged
     // against: a lone honest payload would look like garbage. Only copies
     // are flagged then, and every payload is audited instead
@@ -351,15 +324,90 @@ pub fn screen(layout: &Layout, payloads: &[&Payload], recent: &[[u8; 32]]) -> Ve
         }
         return out;
     }
-    for (m, s) in out.iter_mut().enumerate() {
-        s.support = support[m] as f32 / total[m].max(1) as f32;
-        s.agreement = if support[m] == 0 {
-            0.0
-        } else {
-            agree[m] as f32 / support[m] as f32
-        };
+    let everyone = vec![true; payloads.len()];
+    for (s, (support, agreement)) in out.iter_mut().zip(tally(layout, payloads, &everyone)) {
+        s.support = support;
+        s.agreement = agreement;
+    }
+    let kept: Vec<bool> = out.iter().map(|s| !s.flagged(cfg)).collect();
+    if kept.iter().all(|k| *k) || kept.iter().filter(|k| **k).count() < MIN_SCREENED {
+        return out;
+    }
+    // The second pass only clears: a payload the first pass kept stays kept
+    // (judging it again against fewer honest votes would let attackers the
+    // screen cannot see flag more honest members, not fewer).
+    for ((s, (_, agreement)), k) in out
+        .iter_mut()
+        .zip(tally(layout, payloads, &kept))
+        .zip(&kept)
+    {
+        if !k {
+            s.agreement = agreement;
+        }
     }
     out
+}
+
+/// Per payload, (support, agreement): support is the share of its
+/// coefficients some other payload picked too; agreement, among those, the
+/// share whose sign matches the summed votes of the other payloads that
+/// `counted` marks (a tie counts half: it is no evidence either way, and
+/// counting it as agreement let colluders that overturn a margin m with
+/// exactly m + 1 votes pass, since each of them sees the others tied).
+fn tally(layout: &Layout, payloads: &[&Payload], counted: &[bool]) -> Vec<(f32, f32)> {
+    let mut support = vec![0usize; payloads.len()];
+    let mut agree = vec![0usize; payloads.len()];
+    let mut total = vec![0usize; payloads.len()];
+    for (p, dct) in layout.dcts.iter().enumerate() {
+        let k = layout.topk[p];
+        let size = dct.tiling.chunk_size();
+        let mut votes = vec![0i32; size];
+        let mut count = vec![0u32; size];
+        for ch in 0..dct.tiling.chunks() {
+            let range = ch * k..(ch + 1) * k;
+            for (pl, c) in payloads.iter().zip(counted) {
+                let s = &pl.params[p];
+                for (i, neg) in s.idx[range.clone()].iter().zip(&s.neg[range.clone()]) {
+                    if *c {
+                        votes[*i as usize] += if *neg { -1 } else { 1 };
+                    }
+                    count[*i as usize] += 1;
+                }
+            }
+            for (m, (pl, c)) in payloads.iter().zip(counted).enumerate() {
+                let s = &pl.params[p];
+                for (i, neg) in s.idx[range.clone()].iter().zip(&s.neg[range.clone()]) {
+                    let own = if *neg { -1 } else { 1 };
+                    total[m] += 1;
+                    if count[*i as usize] > 1 {
+                        support[m] += 1;
+                        let others = votes[*i as usize] - if *c { own } else { 0 };
+                        agree[m] += match (others * own).signum() {
+                            1 => 2,
+                            0 => 1,
+                            _ => 0,
+                        };
+                    }
+                }
+            }
+            for pl in payloads {
+                for i in &pl.params[p].idx[range.clone()] {
+                    votes[*i as usize] = 0;
+                    count[*i as usize] = 0;
+                }
+            }
+        }
+    }
+    (0..payloads.len())
+        .map(|m| {
+            let agreement = if support[m] == 0 {
+                0.0
+            } else {
+                agree[m] as f32 / (2 * support[m]) as f32
+            };
+            (support[m] as f32 / total[m].max(1) as f32, agreement)
+        })
+        .collect()
 }
 
 /// A payload's identity for duplicate checks (independent of its header).
@@ -487,16 +535,16 @@ mod tests {
             .chain([&flipped, &garbage, &copy, &old])
             .collect();
         let cfg = AuditConfig::default();
-        let s = screen(&l, &all, &[payload_hash(&old)]);
+        let s = screen(&l, &all, &[payload_hash(&old)], &cfg);
         assert!(!s[1].flagged(&cfg) && !s[2].flagged(&cfg), "{s:?}");
         assert!(s[3].flagged(&cfg), "flipped {:?}", s[3]);
         assert!(s[4].flagged(&cfg), "garbage {:?}", s[4]);
         assert!(s[5].duplicate && s[0].duplicate, "copy and its original");
         assert!(s[6].duplicate, "re-sent");
         // Two payloads have no majority: neither is judged, copies still are.
-        let pair = screen(&l, &[&honest[0], &garbage], &[]);
+        let pair = screen(&l, &[&honest[0], &garbage], &[], &cfg);
         assert!(pair.iter().all(|s| !s.flagged(&cfg)), "{pair:?}");
-        let copies = screen(&l, &[&honest[0], &copy], &[]);
+        let copies = screen(&l, &[&honest[0], &copy], &[], &cfg);
         assert!(copies.iter().all(|s| s.duplicate));
         assert!(s.iter().all(|s| !s.unjudged));
     }

@@ -44,6 +44,11 @@ const FLAGS: &[&str] = &[
 /// under another recipe are not reused.
 const RECIPE: u32 = 1;
 
+/// Bump when the screen changes: runs with the defences on that were
+/// logged under another screen are not reused (undefended runs are).
+/// 2: a tie with the others' votes counts half, not as agreement.
+const SCREEN: u32 = 2;
+
 /// What one arena run is.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Kind {
@@ -71,6 +76,7 @@ struct Setting {
 
 /// The log line's key: one string for everything the result depends on.
 fn key(s: &Setting, seed: u32, kind: Kind) -> String {
+    let defended = !matches!(kind, Kind::Attack { defend: false, .. });
     let run = match kind {
         Kind::Honest => "honest".to_string(),
         Kind::Alone { count } => format!("alone-without-{count}"),
@@ -84,8 +90,13 @@ fn key(s: &Setting, seed: u32, kind: Kind) -> String {
             if defend { "defended" } else { "undefended" }
         ),
     };
+    let screen = if defended && SCREEN > 1 {
+        format!(" screen={SCREEN}")
+    } else {
+        String::new()
+    };
     format!(
-        "recipe={RECIPE} members={} steps={} epoch={} witness-micro-batch={} audit={:?} seed={seed} run={run}",
+        "recipe={RECIPE} members={} steps={} epoch={} witness-micro-batch={} audit={:?}{screen} seed={seed} run={run}",
         s.members, s.steps, s.spe, s.witness_micro_batch, s.audit
     )
 }
@@ -241,11 +252,11 @@ pub fn run(raw: &[String]) -> Result<()> {
         "all" => Mode::ALL
             .into_iter()
             .filter(|m| !matches!(m, Mode::Scale | Mode::EquivocatingLeader))
-            .chain([Mode::Collude, Mode::ForgedMomentum])
+            .chain([Mode::Collude, Mode::ColludeHidden, Mode::ForgedMomentum])
             .collect(),
         m => list(m, Mode::parse).map_err(|s| {
             anyhow!(
-                "--modes: unknown mode `{s}`; one of {}, collude, forged-momentum",
+                "--modes: unknown mode `{s}`; one of {}, collude, collude-hidden, forged-momentum",
                 Mode::ALL.map(Mode::name).join(", ")
             )
         })?,

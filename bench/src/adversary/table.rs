@@ -302,14 +302,17 @@ pub fn publish(
          Where attackers are slashed at the first step, the run continues with the honest members \
          only, so its loss is the *honest alone* one: what the attackers took away is their data, \
          not damage they did. Audit overhead counts the witnesses' gradient recomputations (the \
-         momentum chain check included); the screen (one pass over the votes) is not counted. \
+         momentum chain check included); the screen (two passes over the votes) is not counted. \
          *forged-momentum* is not one of the nine: a sign-flipper that reveals momenta forged so its \
          flipped payloads recompute exactly; one-step audits pass it, and only the momentum chain \
          (`audit::chain_error`) convicts it. *collude* is not one of the nine either: the step's \
          attackers act as one, sharing the honest votes and splitting their slots so that together \
          they overturn as many honest coefficients as they can, thinnest margins first (ALIE \
-         coordinated); the screen does not flag it (where colluders overturn a margin, their votes agree \
-         with the aggregate they made), so only random audits find them. Every run is kept in `docs/bench/adversary-runs.jsonl` as \
+         coordinated); each overturning vote sees the others' votes tied, and the screen counts a tie \
+         half, so it flags them. *collude-hidden* is the colluders' answer: one vote more than a margin \
+         needs, so each colluder sees the others agree with it, and left-over slots vote with the \
+         strongest honest majorities; the screen cannot tell it from honest work, so only random \
+         audits find it, and it overturns fewer coefficients. Every run is kept in `docs/bench/adversary-runs.jsonl` as \
          it ends, so the same command resumes a sweep cut short; the runs took {secs:.0} s in all.",
         goal(worst_33 <= 1.10)
     );
