@@ -38,6 +38,8 @@ const USAGE: &str = "usage: cohort-bench <convergence|engine|efficiency|simulate
                docs/bench/adversary-runs.jsonl); flags: --members 9 --steps 100 --epoch 10
                --fractions 0.33,0.45 --modes all --undefended yes --seeds 3
                --witness-micro-batch 4 --plan yes (list the runs still to do)
+               --name adversary (the JSON and docs section it writes: another name
+               keeps a sweep in other settings beside the default one)
   app          the desktop app's cold start vs an empty window, and frame time while training
                (needs a display: xvfb-run -a); flags: --launches 5
   peer         one member process (what `efficiency` spawns); see --help

@@ -38,6 +38,7 @@ const FLAGS: &[&str] = &[
     "witness-micro-batch",
     "seeds",
     "plan",
+    "name",
 ];
 
 /// Bump when the arena's training or defence math changes: runs logged
@@ -270,6 +271,17 @@ pub fn run(raw: &[String]) -> Result<()> {
     };
     let undefended = yes_no("undefended", "yes")?;
     let plan_only = yes_no("plan", "no")?;
+    // Where the table goes: `docs/bench/<name>.json` and its own section of
+    // docs/benchmarks.md, so a sweep in other settings (longer runs) sits
+    // beside the default one instead of replacing it.
+    let name: String = a.get("name", "adversary".to_string())?;
+    ensure!(
+        name.starts_with("adversary")
+            && name
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'),
+        "--name: `{name}` must start with `adversary` and hold only a-z, 0-9 and -"
+    );
     ensure!(
         !modes.contains(&Mode::EquivocatingLeader),
         "--modes: the equivocating leader attacks manifests and the arena has no leaders; \
@@ -376,7 +388,7 @@ pub fn run(raw: &[String]) -> Result<()> {
     let rows = table::rows(seeds, &fractions, &modes, undefended, members, spe, &got);
     let honest: Vec<&Summary> = (0..seeds).map(|s| got(s, Kind::Honest)).collect();
     let secs: f64 = runs.iter().map(|(s, k)| got(*s, *k).secs).sum();
-    table::publish(&rows, &honest, &setting, seeds, secs)
+    table::publish(&name, &rows, &honest, &setting, seeds, secs)
 }
 
 fn list<T>(s: &str, parse: impl Fn(&str) -> Option<T>) -> std::result::Result<Vec<T>, String> {

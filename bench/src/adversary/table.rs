@@ -141,6 +141,7 @@ fn line(r: &Row) -> String {
 }
 
 pub fn publish(
+    name: &str,
     rows: &[Row],
     honest: &[&Summary],
     s: &Setting,
@@ -189,7 +190,7 @@ pub fn publish(
     let mut md = String::new();
     let _ = writeln!(
         md,
-        "## Adversaries (`cargo run --release -p cohort-bench -- adversary`)\n\n\
+        "## Adversaries{} (`cargo run --release -p cohort-bench -- adversary{}`)\n\n\
          {members} members train the tiny model for {steps} steps ({spe} per epoch) in one process \
          (`engine::arena`), {seeds} seed(s) (each seed: other initial weights and batches); attackers \
          see every honest payload of the step before sending theirs. Witnesses recompute at \
@@ -206,6 +207,16 @@ pub fn publish(
          the screen flags; a slash needs {} witnesses whose audits failed. Goals: at 33%, at least 80% \
          of the harm removed for every attack that does harm undefended, and loss ≤ 1.10× honest for \
          every mode; every attacker slashed within one epoch; audit overhead ≤ 5%.\n",
+        if name == "adversary" {
+            String::new()
+        } else {
+            format!(" over {steps} steps")
+        },
+        if name == "adversary" {
+            String::new()
+        } else {
+            format!(" --name {name}")
+        },
         loss.mean,
         loss.min,
         loss.max,
@@ -317,7 +328,7 @@ pub fn publish(
         goal(worst_33 <= 1.10)
     );
     println!("\nworst loss ratio at 33%: {worst_33:.3} (goal ≤ 1.10); {removed_line}");
-    report::publish("adversary", &f, &md)
+    report::publish(name, &f, &md)
 }
 
 #[cfg(test)]
