@@ -76,7 +76,15 @@ fn torch(model: &ModelConfig, batch: usize, steps: u32, threads: usize) -> Resul
 pub fn run(raw: &[String]) -> Result<()> {
     let args = Args::parse(
         raw,
-        &["arch", "batch", "steps", "backend", "threads", "reference"],
+        &[
+            "arch",
+            "batch",
+            "steps",
+            "backend",
+            "threads",
+            "reference",
+            "repeats",
+        ],
     )?;
     let want_reference = match args.get("reference", "torch".to_string())?.as_str() {
         "torch" => true,
@@ -86,6 +94,11 @@ pub fn run(raw: &[String]) -> Result<()> {
     let model = ModelConfig::parse(&args.get("arch", "gpt l4 d256 h4 s128".to_string())?)?;
     let batch: usize = args.get("batch", 8)?;
     let steps: u32 = args.get("steps", 10)?;
+    let repeats: u32 = args.get("repeats", 3)?;
+    anyhow::ensure!(
+        steps >= 1 && repeats >= 1,
+        "--steps and --repeats: at least 1"
+    );
     let choice: BackendChoice = args.get("backend", BackendChoice::Auto)?;
     let threads: usize = args.get(
         "threads",
@@ -139,31 +152,78 @@ pub fn run(raw: &[String]) -> Result<()> {
         let (c, _) = t.compute(&seed, 0)?;
         t.apply(&[c])?;
     }
-    let (mut full, mut grad_only) = (0.0, 0.0);
-    for _ in 0..steps {
-        let t0 = Instant::now();
-        t.gradients(&seed, 0)?;
-        grad_only += t0.elapsed().as_secs_f64();
-        let t0 = Instant::now();
-        let (c, _) = t.compute(&seed, 0)?;
-        t.apply(&[c])?;
-        full += t0.elapsed().as_secs_f64();
-    }
+    // Repeats alternate the two engines, so a slow spell of the machine
+    // lands on both; each figure is the mean with its min–max.
+    let mut ours: Vec<(f64, f64)> = Vec::new();
+    let mut theirs: Vec<Torch> = Vec::new();
+    let why_not = "not asked for (`--reference none`)";
     let tokens = (batch * model.seq_len) as f64 * steps as f64;
-    let (ours_full, ours_grad) = (tokens / full, tokens / grad_only);
-    let reference = if want_reference {
-        torch(&model, batch, steps, threads)
-    } else {
-        Err("not asked for (`--reference none`)".to_string())
-    };
-    if want_reference && let Err(why) = &reference {
-        // A figure without its baseline is not a benchmark result: keep
-        // the last published one.
-        anyhow::bail!("PyTorch reference not measured, nothing written: {why}");
+    for r in 0..repeats {
+        let (mut full, mut grad_only) = (0.0, 0.0);
+        for _ in 0..steps {
+            let t0 = Instant::now();
+            t.gradients(&seed, 0)?;
+            grad_only += t0.elapsed().as_secs_f64();
+            let t0 = Instant::now();
+            let (c, _) = t.compute(&seed, 0)?;
+            t.apply(&[c])?;
+            full += t0.elapsed().as_secs_f64();
+        }
+        ours.push((tokens / full, tokens / grad_only));
+        println!(
+            "repeat {}/{repeats}: Cohort {:.0} tokens/s (step), {:.0} (gradient)",
+            r + 1,
+            tokens / full,
+            tokens / grad_only
+        );
+        if want_reference {
+            match torch(&model, batch, steps, threads) {
+                Ok(t) => {
+                    println!(
+                        "repeat {}/{repeats}: PyTorch {:.0} tokens/s (step), {:.0} (gradient)",
+                        r + 1,
+                        t.full,
+                        t.grad
+                    );
+                    theirs.push(t);
+                }
+                // A figure without its baseline is not a benchmark result:
+                // keep the last published one.
+                Err(why) => anyhow::bail!("PyTorch reference not measured, nothing written: {why}"),
+            }
+        }
     }
+    let ours_full = report::spread(&ours.iter().map(|o| o.0).collect::<Vec<_>>());
+    let ours_grad = report::spread(&ours.iter().map(|o| o.1).collect::<Vec<_>>());
+    let reference = theirs.first().map(|r| {
+        (
+            report::spread(&theirs.iter().map(|t| t.full).collect::<Vec<_>>()),
+            report::spread(&theirs.iter().map(|t| t.grad).collect::<Vec<_>>()),
+            // Each repeat's ratio is taken within the repeat.
+            report::spread(
+                &ours
+                    .iter()
+                    .zip(&theirs)
+                    .map(|(o, t)| o.0 / t.full)
+                    .collect::<Vec<_>>(),
+            ),
+            report::spread(
+                &ours
+                    .iter()
+                    .zip(&theirs)
+                    .map(|(o, t)| o.1 / t.grad)
+                    .collect::<Vec<_>>(),
+            ),
+            r.version.clone(),
+            r.threads,
+        )
+    });
 
+    let sp = |(mean, min, max): (f64, f64, f64), digits: usize| {
+        format!("{mean:.digits$} ({min:.digits$}–{max:.digits$})")
+    };
     let mut md = format!(
-        "## Engine speed\n\n`cargo run --release -p cohort-bench -- engine` — one member's training step, {} ({} parameters), batch {batch} x seq {}, {steps} timed steps after 2 warm-up steps, backend `{backend_name}`, {threads} threads, same machine and run.\n\n| | Cohort engine tokens/s | PyTorch tokens/s | Cohort ÷ PyTorch |\n|---|---|---|---|\n",
+        "## Engine speed\n\n`cargo run --release -p cohort-bench -- engine` — one member's training step, {} ({} parameters), batch {batch} x seq {}, {steps} timed steps after 2 warm-up steps, backend `{backend_name}`, {threads} threads, same machine and run; {repeats} repeats, the two engines alternating, figures as mean (min–max), each repeat's ratio taken within the repeat.\n\n| | Cohort engine tokens/s | PyTorch tokens/s | Cohort ÷ PyTorch |\n|---|---|---|---|\n",
         model.arch(),
         model.num_params(),
         model.seq_len
@@ -174,39 +234,59 @@ pub fn run(raw: &[String]) -> Result<()> {
         .num("batch", batch as f64)
         .num("seq_len", model.seq_len as f64)
         .num("steps", steps as f64)
+        .num("repeats", repeats as f64)
         .num("threads", threads as f64)
-        .text("backend", backend_name)
-        .num("tokens_per_sec_cohort_step", ours_full)
-        .num("tokens_per_sec_cohort_grad", ours_grad);
+        .text("backend", backend_name);
+    for (key, v) in [("step", ours_full), ("grad", ours_grad)] {
+        f.num(&format!("tokens_per_sec_cohort_{key}"), v.0)
+            .num(&format!("tokens_per_sec_cohort_{key}_min"), v.1)
+            .num(&format!("tokens_per_sec_cohort_{key}_max"), v.2);
+    }
     println!("\n| | Cohort tokens/s | PyTorch tokens/s | ratio |");
-    match &reference {
-        Ok(r) => {
-            for (label, ours, theirs) in [
+    match reference {
+        Some((full, grad, ratio_full, ratio_grad, version, torch_threads)) => {
+            for (label, ours, theirs, ratio) in [
                 (
                     "full step (Cohort: grad + compress + apply; PyTorch: grad + AdamW)",
                     ours_full,
-                    r.full,
+                    full,
+                    ratio_full,
                 ),
-                ("gradient only (forward + backward)", ours_grad, r.grad),
+                (
+                    "gradient only (forward + backward)",
+                    ours_grad,
+                    grad,
+                    ratio_grad,
+                ),
             ] {
                 let line = format!(
-                    "| {label} | {ours:.0} | {theirs:.0} | {:.3} |",
-                    ours / theirs
+                    "| {label} | {} | {} | {} |",
+                    sp(ours, 0),
+                    sp(theirs, 0),
+                    sp(ratio, 3)
                 );
                 println!("{line}");
                 md.push_str(&line);
                 md.push('\n');
             }
-            md.push_str(&format!("\nPyTorch {} on CPU with {} threads (`bench/torch_ref.py`, `F.scaled_dot_product_attention`).\n", r.version, r.threads));
-            f.num("tokens_per_sec_torch_step", r.full)
-                .num("tokens_per_sec_torch_grad", r.grad)
-                .num("ratio_step", ours_full / r.full)
-                .num("ratio_grad", ours_grad / r.grad)
-                .text("torch_version", &r.version);
+            md.push_str(&format!("\nPyTorch {version} on CPU with {torch_threads} threads (`bench/torch_ref.py`, `F.scaled_dot_product_attention`).\n"));
+            for (key, v) in [
+                ("tokens_per_sec_torch_step", full),
+                ("tokens_per_sec_torch_grad", grad),
+                ("ratio_step", ratio_full),
+                ("ratio_grad", ratio_grad),
+            ] {
+                f.num(key, v.0)
+                    .num(&format!("{key}_min"), v.1)
+                    .num(&format!("{key}_max"), v.2);
+            }
+            f.text("torch_version", &version);
         }
-        Err(why) => {
+        None => {
             let line = format!(
-                "| full step | {ours_full:.0} | n/a | n/a |\n| gradient only | {ours_grad:.0} | n/a | n/a |\n\nPyTorch reference not measured: {why}.\n"
+                "| full step | {} | n/a | n/a |\n| gradient only | {} | n/a | n/a |\n\nPyTorch reference not measured: {why_not}.\n",
+                sp(ours_full, 0),
+                sp(ours_grad, 0)
             );
             println!("{line}");
             md.push_str(&line);

@@ -25,7 +25,7 @@ const USAGE: &str = "usage: cohort-bench <convergence|engine|efficiency|simulate
                --members 4 --batch 8 --arch --topk 4 --decode sign|rms --adaptive 0
                --eval-windows 64 --max-runs N --plan yes (list the runs still to do)
   engine       one member's training tokens/s vs the same model in PyTorch
-               flags: --arch --batch --steps --backend (auto|cpu|wgpu|cuda) --threads
+               flags: --arch --batch --steps --backend (auto|cpu|wgpu|cuda) --threads --repeats 3
   efficiency   member processes over libp2p, shaped links vs the same processes on loopback
                flags: --members (cores) --steps --arch --batch --mbit --rtt-ms --slow-rtt-ms (0: ≈ compute) --warmup --repeats 3
   simulate     the step protocol in virtual time: 48 nodes and 1,000 nodes
