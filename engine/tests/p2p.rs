@@ -867,6 +867,221 @@ fn two_nodes_train_across_network_namespaces() {
     assert_eq!(assert_agree(&[&pa, &pb]), steps as usize);
 }
 
+/// Commands run to build a test network, and the namespaces to delete
+/// when the test ends (passed or not).
+struct Netns {
+    spaces: Vec<String>,
+}
+
+impl Netns {
+    /// Runs `args`, inside namespace `ns` when given; panics with the
+    /// command and its error output when it fails.
+    fn run(&self, ns: Option<&str>, args: &[&str]) {
+        let mut c = Command::new(if ns.is_some() { "ip" } else { args[0] });
+        match ns {
+            Some(ns) => c.args(["netns", "exec", ns]).args(args),
+            None => c.args(&args[1..]),
+        };
+        let out = c.output().unwrap_or_else(|e| panic!("{args:?}: {e}"));
+        assert!(
+            out.status.success(),
+            "{args:?} in {ns:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    fn add(&mut self, ns: &str) {
+        self.run(None, &["ip", "netns", "add", ns]);
+        self.spaces.push(ns.to_string());
+        self.run(Some(ns), &["ip", "link", "set", "lo", "up"]);
+    }
+
+    /// A veth pair from `(ns_a, if_a, addr_a)` to `(ns_b, if_b, addr_b)`.
+    fn link(&self, a: (&str, &str, &str), b: (&str, &str, &str)) {
+        self.run(
+            None,
+            &[
+                "ip", "link", "add", a.1, "type", "veth", "peer", "name", b.1,
+            ],
+        );
+        for (ns, dev, addr) in [a, b] {
+            self.run(None, &["ip", "link", "set", dev, "netns", ns]);
+            self.run(Some(ns), &["ip", "addr", "add", addr, "dev", dev]);
+            self.run(Some(ns), &["ip", "link", "set", dev, "up"]);
+        }
+    }
+}
+
+impl std::ops::Drop for Netns {
+    fn drop(&mut self) {
+        for ns in &self.spaces {
+            let _ = Command::new("ip").args(["netns", "del", ns]).status();
+        }
+    }
+}
+
+/// Three homes behind NAT routers (nftables masquerade, a home router's
+/// firewall: nothing new comes in from outside) and a relay on the
+/// "internet" between them. Homes A and B have
+/// port-preserving NATs, home C a symmetric one (a new random port per
+/// destination), so no hole can be punched to it. The members reach each
+/// other only through the relay at first (circuit relay v2); DCUtR then
+/// punches A↔B, and C keeps training through the relay. Needs root,
+/// `ip netns` and `nft` (Debian: `apt install nftables`).
+#[test]
+#[ignore = "needs root, ip netns and nft (apt install nftables); run with --ignored"]
+fn members_behind_nat_train_through_a_relay_and_punch_holes_where_the_nat_allows() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let tag = format!("n{}", std::process::id() % 100000);
+    let mut net = Netns { spaces: vec![] };
+    let wan = format!("{tag}w");
+    net.add(&wan);
+    net.run(Some(&wan), &["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
+    let homes = ["a", "b", "c"];
+    for (i, h) in homes.iter().enumerate() {
+        let (router, home) = (format!("{tag}r{h}"), format!("{tag}h{h}"));
+        net.add(&router);
+        net.add(&home);
+        let n = i + 1;
+        // WAN side: 10.79.n.0/24 between the internet and the router.
+        net.link(
+            (&wan, &format!("{tag}w{h}"), &format!("10.79.{n}.1/24")),
+            (&router, &format!("{tag}u{h}"), &format!("10.79.{n}.2/24")),
+        );
+        // LAN side: 192.168.n.0/24 between the router and the home.
+        net.link(
+            (&router, &format!("{tag}l{h}"), &format!("192.168.{n}.1/24")),
+            (&home, &format!("{tag}i{h}"), &format!("192.168.{n}.2/24")),
+        );
+        let gw = format!("10.79.{n}.1");
+        net.run(
+            Some(&router),
+            &["ip", "route", "add", "default", "via", &gw],
+        );
+        let lan_gw = format!("192.168.{n}.1");
+        net.run(
+            Some(&home),
+            &["ip", "route", "add", "default", "via", &lan_gw],
+        );
+        net.run(Some(&router), &["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
+        let masq = if *h == "c" {
+            "masquerade random,fully-random"
+        } else {
+            "masquerade"
+        };
+        let rules = format!(
+            "table ip nat {{\n\
+               chain post {{\n\
+                 type nat hook postrouting priority 100\n\
+                 oifname \"{tag}u{h}\" {masq}\n\
+               }}\n\
+             }}\n\
+             table inet fw {{\n\
+               chain inbound {{\n\
+                 type filter hook input priority 0\n\
+                 iifname \"{tag}u{h}\" ct state new drop\n\
+               }}\n\
+               chain through {{\n\
+                 type filter hook forward priority 0\n\
+                 iifname \"{tag}u{h}\" ct state new drop\n\
+               }}\n\
+             }}\n"
+        );
+        let path = std::env::temp_dir().join(format!("{tag}{h}.nft"));
+        std::fs::write(&path, rules).unwrap();
+        net.run(Some(&router), &["nft", "-f", path.to_str().unwrap()]);
+        let _ = std::fs::remove_file(&path);
+    }
+    let relay_id = cohort_engine::net::peer::relay_peer_id();
+    let relay = format!("/ip4/10.79.1.1/tcp/4000/p2p/{relay_id}");
+    let mut r = Command::new("ip");
+    r.args([
+        "netns",
+        "exec",
+        &wan,
+        PEER,
+        "--relay-server",
+        "--listen",
+        "/ip4/10.79.1.1/tcp/4000",
+    ]);
+    let relay_proc = Peer::spawn(&mut r);
+    relay_proc.wait_for("the relay to listen", Duration::from_secs(20), |p| {
+        p.first("listening").is_some()
+    });
+    let steps = 40;
+    let n = homes.len();
+    let mut peers: Vec<Peer> = homes
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            let mut c = Command::new("ip");
+            c.env("RAYON_NUM_THREADS", "1")
+                .args(["netns", "exec", &format!("{tag}h{h}"), PEER]);
+            c.args([
+                "--job",
+                "nat",
+                "--index",
+                &i.to_string(),
+                "--members",
+                &n.to_string(),
+                "--steps",
+                &steps.to_string(),
+                "--batch",
+                "4",
+                "--listen",
+                &format!("/ip4/192.168.{}.2/tcp/4100", i + 1),
+                "--listen",
+                &format!("{relay}/p2p-circuit"),
+            ]);
+            for j in (0..n).filter(|j| *j != i) {
+                let other = swarm::peer_id(&local_member(j).1).unwrap();
+                c.args(["--peer", &format!("{relay}/p2p-circuit/p2p/{other}")]);
+            }
+            Peer::spawn(&mut c)
+        })
+        .collect();
+    let done: Vec<String> = peers
+        .iter_mut()
+        .map(|p| p.finish(Duration::from_secs(240)))
+        .collect();
+    drop(relay_proc);
+    for (i, d) in done.iter().enumerate() {
+        let routes = d
+            .split(",\"dropped\"")
+            .next()
+            .and_then(|l| l.split("\"routes\":").nth(1));
+        eprintln!(
+            "member {i} (home {}): routes {}",
+            homes[i],
+            routes.unwrap_or("?")
+        );
+        assert_eq!(field(d, "applied"), Some(&*steps.to_string()), "{d}");
+        assert_eq!(field(d, "hash"), field(&done[0], "hash"));
+    }
+    // Every pair of members compared at every step.
+    assert_eq!(
+        assert_agree(&peers.iter().collect::<Vec<_>>()),
+        3 * steps as usize
+    );
+    // `"routes":{"1":"holepunched","2":"relayed"}` in each `done` line.
+    let route = |i: usize, j: usize| {
+        let routes = done[i].split("\"routes\":{").nth(1)?.split('}').next()?;
+        field(&format!("{{{routes}}}"), &j.to_string()).map(str::to_string)
+    };
+    // No member was reached at a private address: every route went
+    // through the relay, and A and B then punched a hole to each other.
+    assert_eq!(route(0, 1).as_deref(), Some("holepunched"), "{}", done[0]);
+    assert_eq!(route(1, 0).as_deref(), Some("holepunched"), "{}", done[1]);
+    for (i, j) in [(0, 2), (2, 0), (1, 2), (2, 1)] {
+        assert_eq!(
+            route(i, j).as_deref(),
+            Some("relayed"),
+            "member {i} to {j}: {}",
+            done[i]
+        );
+    }
+}
+
 /// Writes its requests' bytes as they are and reads whatever comes back:
 /// the attacker's side of the blob protocol, so it can send frames the
 /// members' codec would never produce.

@@ -281,6 +281,33 @@ pub struct NodeStats {
     pub omissions: BTreeMap<u32, u64>,
     /// Manifest entries their member did not sign (`ForgedEntry`).
     pub forged_entries: u64,
+    /// How this node reached each member it connected to, at best.
+    pub routes: BTreeMap<u32, Route>,
+}
+
+/// How a node reached a peer, from worst to best: through a relay only, by
+/// dialing it, or by a hole punched through both NATs (DCUtR).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Route {
+    Relayed,
+    Direct,
+    HolePunched,
+}
+
+impl Route {
+    pub fn name(self) -> &'static str {
+        match self {
+            Route::Relayed => "relayed",
+            Route::Direct => "direct",
+            Route::HolePunched => "holepunched",
+        }
+    }
+
+    /// Keeps the better of the route known and a new one.
+    pub fn improve(known: &mut BTreeMap<u32, Route>, member: u32, route: Route) {
+        let r = known.entry(member).or_insert(route);
+        *r = (*r).max(route);
+    }
 }
 
 impl NodeStats {

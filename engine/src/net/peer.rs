@@ -43,13 +43,87 @@ pub const USAGE: &str = "usage: cohort-peer --index I --members N [options]
                       free-rider, copycat, stale, forged-momentum, silent-reveal,
                       lying-leader, stalling
   --mdns              discover peers on the LAN
-  --peer-id-of I      print member I's peer id and exit
+  --peer-id-of I      print member I's peer id and exit (I = relay: the relay's)
+
+usage: cohort-peer --relay-server --listen ADDR [--listen ADDR ...]
+  runs the job's public relay (circuit relay v2) until killed: members
+  behind NAT listen on ADDR/p2p/RELAY/p2p-circuit and reach each other
+  through it until DCUtR punches a direct hole
 ";
 
 /// Deterministic identity of member `i` of a local job: (secret, public).
 pub fn local_member(i: usize) -> ([u8; 32], [u8; 32]) {
     let secret = member_key(i);
     (secret, msg::keypair(&secret).public().to_bytes())
+}
+
+/// Deterministic identity of a local job's relay (secret).
+pub fn relay_secret() -> [u8; 32] {
+    *blake3::hash(b"cohort-relay").as_bytes()
+}
+
+/// The peer id of the local job's relay.
+pub fn relay_peer_id() -> libp2p::PeerId {
+    libp2p::PeerId::from_public_key(&libp2p::identity::PublicKey::from(
+        msg::keypair(&relay_secret()).public(),
+    ))
+}
+
+/// Runs the relay until killed, printing one JSON line per listening
+/// address (the relay announces them as its own: they are public).
+fn relay_server(args: &[String]) -> Result<(), String> {
+    use super::swarm::RelayBehaviourEvent;
+    use libp2p::futures::StreamExt;
+    use libp2p::swarm::SwarmEvent;
+    let mut listen = Vec::new();
+    let mut it = args.iter().filter(|a| *a != "--relay-server");
+    while let Some(flag) = it.next() {
+        match flag.as_str() {
+            "--listen" => {
+                let a = it.next().ok_or("--listen needs a value")?;
+                listen.push(
+                    a.parse::<libp2p::Multiaddr>()
+                        .map_err(|e| format!("`{a}` is not a multiaddr: {e}"))?,
+                );
+            }
+            other => {
+                return Err(format!(
+                    "unknown flag `{other}` for --relay-server\n{USAGE}"
+                ));
+            }
+        }
+    }
+    if listen.is_empty() {
+        return Err("--relay-server needs --listen ADDR".into());
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    rt.block_on(async {
+        let mut swarm =
+            super::swarm::build_relay(&msg::keypair(&relay_secret())).map_err(|e| e.to_string())?;
+        for a in listen {
+            swarm
+                .listen_on(a.clone())
+                .map_err(|e| format!("cannot listen on {a}: {e}"))?;
+        }
+        loop {
+            match swarm.select_next_some().await {
+                SwarmEvent::NewListenAddr { address, .. } => {
+                    swarm.add_external_address(address.clone());
+                    line(format!(
+                        r#"{{"event":"listening","addr":"{address}","peer":"{}"}}"#,
+                        swarm.local_peer_id()
+                    ));
+                }
+                SwarmEvent::Behaviour(RelayBehaviourEvent::Relay(e)) => {
+                    tracing::info!(event = ?e, "relay")
+                }
+                _ => {}
+            }
+        }
+    })
 }
 
 pub fn local_job(name: &str) -> [u8; 32] {
@@ -275,9 +349,22 @@ pub fn main(args: &[String]) -> i32 {
         print!("{USAGE}");
         return 0;
     }
+    if args.iter().any(|a| a == "--relay-server") {
+        return match relay_server(args) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("error: {e}");
+                2
+            }
+        };
+    }
     if let [flag, i] = args
         && flag == "--peer-id-of"
     {
+        if i == "relay" {
+            println!("{}", relay_peer_id());
+            return 0;
+        }
         return match i.parse::<usize>() {
             Ok(i) => {
                 let id = super::swarm::peer_id(&local_member(i).1);
@@ -321,7 +408,7 @@ pub fn main(args: &[String]) -> i32 {
                 .map(|d| format!(r#""{}":{}"#, d.name(), stats.dropped(*d)))
                 .collect();
             line(format!(
-                r#"{{"event":"done","applied":{},"hash":"{}","accepted":{},"equivocations":{},"late":{},"timed_out":{},"lowest_peer_score":{:.1},"peak_rss_kib":{},"rewinds":{},"bytes_in":{},"bytes_out":{},"audits":{},"audits_failed":{},"audit_secs":{:.4},"compute_secs":{:.4},"slashed":{:?},"dropped":{{{}}}}}"#,
+                r#"{{"event":"done","applied":{},"hash":"{}","accepted":{},"equivocations":{},"late":{},"timed_out":{},"lowest_peer_score":{:.1},"peak_rss_kib":{},"rewinds":{},"bytes_in":{},"bytes_out":{},"audits":{},"audits_failed":{},"audit_secs":{:.4},"compute_secs":{:.4},"slashed":{:?},"routes":{{{}}},"dropped":{{{}}}}}"#,
                 stats.applied,
                 hex(&stats.model_hash),
                 stats.accepted,
@@ -338,6 +425,12 @@ pub fn main(args: &[String]) -> i32 {
                 stats.audit_secs,
                 stats.compute_secs,
                 stats.slashed.iter().collect::<Vec<_>>(),
+                stats
+                    .routes
+                    .iter()
+                    .map(|(m, r)| format!(r#""{m}":"{}""#, r.name()))
+                    .collect::<Vec<_>>()
+                    .join(","),
                 dropped.join(",")
             ));
             0

@@ -259,6 +259,60 @@ pub fn build(
     Ok(swarm)
 }
 
+/// A public relay for members behind home NATs: circuit relay v2 (the
+/// members reserve a slot and reach each other through it until DCUtR
+/// punches a direct hole), identify (which tells each member the address
+/// its NAT maps it to: the hole to punch) and ping.
+#[derive(NetworkBehaviour)]
+pub struct RelayBehaviour {
+    pub relay: relay::Behaviour,
+    pub identify: identify::Behaviour,
+    pub ping: ping::Behaviour,
+}
+
+/// libp2p's defaults cut a circuit after 2 minutes or 128 KiB: made for
+/// setting up a hole punch, not for carrying a step's payloads when the
+/// punch fails. A job's relay carries a member's traffic until it does,
+/// for as many members as a job has.
+pub fn relay_config() -> relay::Config {
+    relay::Config {
+        max_reservations: 4096,
+        max_reservations_per_peer: 4,
+        max_circuits: 4096,
+        max_circuits_per_peer: 64,
+        max_circuit_duration: Duration::from_secs(24 * 3600),
+        // 0: no byte limit (libp2p-relay's `CopyFuture`).
+        max_circuit_bytes: 0,
+        ..relay::Config::default()
+    }
+}
+
+/// Builds a relay's swarm (TCP and QUIC, like the members').
+pub fn build_relay(key: &ed25519::Keypair) -> Result<Swarm<RelayBehaviour>, SetupError> {
+    let id = identity::Keypair::from(key.clone());
+    let swarm = SwarmBuilder::with_existing_identity(id)
+        .with_tokio()
+        .with_tcp(
+            tcp::Config::default().nodelay(true),
+            noise::Config::new,
+            yamux::Config::default,
+        )
+        .map_err(setup)?
+        .with_quic()
+        .with_behaviour(|k| RelayBehaviour {
+            relay: relay::Behaviour::new(k.public().to_peer_id(), relay_config()),
+            identify: identify::Behaviour::new(identify::Config::new(
+                "/cohort/1".into(),
+                k.public(),
+            )),
+            ping: ping::Behaviour::new(ping::Config::new()),
+        })
+        .map_err(setup)?
+        .with_swarm_config(|c| c.with_idle_connection_timeout(Duration::from_secs(300)))
+        .build();
+    Ok(swarm)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

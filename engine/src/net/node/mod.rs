@@ -98,6 +98,8 @@ struct Net {
     divergence: DivergenceVote,
     peers: Vec<Option<PeerId>>,
     started: Instant,
+    /// Whether a peer (the relay) has told this node its public address.
+    public_candidate: bool,
     payloads: HashMap<[u8; 32], Vec<u8>>,
     /// The signed manifest this node applied per step, for the whole epoch:
     /// what it serves for a step the step machine no longer keeps (a
@@ -360,18 +362,40 @@ impl Net {
             .publish(self.topic.clone(), raw);
     }
 
+    fn note_route(&mut self, peer: &PeerId, route: Route) {
+        if let Some(i) = self.peers.iter().position(|p| p.as_ref() == Some(peer)) {
+            Route::improve(&mut self.stats.routes, i as u32, route);
+        }
+    }
+
     /// Dials bootstrap peers we are not connected to (they may have
     /// started after us, or restarted).
     fn redial(&mut self) {
         for a in self.cfg.bootstrap.clone() {
-            let peer = a.iter().find_map(|p| match p {
-                libp2p::multiaddr::Protocol::P2p(id) => Some(id),
-                _ => None,
-            });
-            if peer.is_some_and(|p| !self.swarm.is_connected(&p)) {
+            // The last peer id names the peer: a relayed address names
+            // the relay first (`/p2p/RELAY/p2p-circuit/p2p/PEER`).
+            let peer = a
+                .iter()
+                .filter_map(|p| match p {
+                    libp2p::multiaddr::Protocol::P2p(id) => Some(id),
+                    _ => None,
+                })
+                .last();
+            if peer.is_some_and(|p| !self.swarm.is_connected(&p))
+                && (!is_relayed(&a) || self.may_dial_relayed())
+            {
                 let _ = self.swarm.dial(a);
             }
         }
+    }
+
+    /// DCUtR sends the remote the public addresses this node knows *when
+    /// a relayed connection opens*, and tries once: a member dialed
+    /// through the relay before the relay told it its public address has
+    /// nothing to punch and stays relayed. So relayed dials wait for that
+    /// address, or a few seconds, whichever comes first.
+    fn may_dial_relayed(&self) -> bool {
+        self.public_candidate || self.started.elapsed() > RELAY_DIAL_WAIT
     }
 
     fn prune(&mut self) {
@@ -439,6 +463,7 @@ impl Net {
             swarm,
             topic,
             started: Instant::now(),
+            public_candidate: false,
             payloads: HashMap::new(),
             manifests_raw: BTreeMap::new(),
             ranked_raw: HashMap::new(),
@@ -488,6 +513,33 @@ impl Net {
             SwarmEvent::NewListenAddr { address, .. } => {
                 self.events.push(NodeEvent::Listening(address))
             }
+            SwarmEvent::NewExternalAddrCandidate { address } => {
+                tracing::debug!(%address, "public address candidate");
+                self.public_candidate = true;
+            }
+            SwarmEvent::ConnectionEstablished {
+                peer_id, endpoint, ..
+            } => {
+                let relayed = endpoint.is_relayed();
+                self.note_route(
+                    &peer_id,
+                    if relayed {
+                        Route::Relayed
+                    } else {
+                        Route::Direct
+                    },
+                );
+            }
+            SwarmEvent::Behaviour(BehaviourEvent::Dcutr(libp2p::dcutr::Event {
+                remote_peer_id,
+                result,
+            })) => match result {
+                Ok(_) => {
+                    tracing::info!(peer = %remote_peer_id, "hole punched");
+                    self.note_route(&remote_peer_id, Route::HolePunched)
+                }
+                Err(e) => tracing::info!(peer = %remote_peer_id, error = %e, "hole punch failed"),
+            },
             SwarmEvent::Behaviour(BehaviourEvent::Gossip(gossipsub::Event::Message {
                 propagation_source,
                 message_id,
@@ -860,6 +912,14 @@ impl Net {
 
 /// Runs one member until it has applied `cfg.steps` updates, then lingers
 /// briefly so slower peers can still fetch from it.
+/// How long relayed dials wait for a public address (`may_dial_relayed`).
+const RELAY_DIAL_WAIT: Duration = Duration::from_secs(5);
+
+fn is_relayed(a: &libp2p::Multiaddr) -> bool {
+    a.iter()
+        .any(|p| p == libp2p::multiaddr::Protocol::P2pCircuit)
+}
+
 pub async fn run(
     cfg: NodeConfig,
     corpus: Corpus,
@@ -909,7 +969,8 @@ pub async fn run_with_control(
             .listen_on(a.clone())
             .map_err(|e| NodeError::Config(format!("cannot listen on {a}: {e}")))?;
     }
-    for a in &cfg.bootstrap {
+    // Relayed addresses are dialed by `redial` (see `may_dial_relayed`).
+    for a in cfg.bootstrap.iter().filter(|a| !is_relayed(a)) {
         if let Err(e) = swarm.dial(a.clone()) {
             return Err(NodeError::Config(format!("cannot dial {a}: {e}")));
         }
