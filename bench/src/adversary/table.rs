@@ -61,6 +61,18 @@ impl Row {
         let u = self.undefended?;
         (u.mean >= HARMFUL && u.min > 1.0).then(|| (u.mean - self.defended.mean) / (u.mean - 1.0))
     }
+
+    /// Share of the *damage* removed: the harm above what the honest
+    /// members reach alone (the attackers' payloads' doing, not the data
+    /// they never brought), where [`Row::removed`] is shown and the
+    /// undefended mean is above the honest-alone one by at least the
+    /// [`HARMFUL`] margin.
+    pub fn damage_removed(&self) -> Option<f64> {
+        let u = self.undefended?;
+        self.removed()?;
+        let floor = self.alone.mean;
+        (u.mean - floor >= HARMFUL - 1.0).then(|| (u.mean - self.defended.mean) / (u.mean - floor))
+    }
 }
 
 /// One row per mode and attacker count, from the logged runs.
@@ -203,7 +215,10 @@ pub fn publish(
          what losing that much data costs, and, against a defended row whose attackers were slashed \
          at the first step, how much the choice of shards alone moves the loss. *Harm removed* is (undefended − \
          defended) ÷ (undefended − 1) on the means, shown where the undefended mean is at least \
-         {HARMFUL} and every seed was harmed. Audits: {:.0}% of contributions at random plus every one \
+         {HARMFUL} and every seed was harmed. *Damage removed* is (undefended − defended) ÷ \
+         (undefended − honest alone): the same, counting as harm only what the attackers' payloads \
+         did, not the data they never brought, which no defence can give back (only a new member \
+         in the slashed seat can). Audits: {:.0}% of contributions at random plus every one \
          the screen flags; a slash needs {} witnesses whose audits failed. Goals: at 33%, at least 80% \
          of the harm removed for every attack that does harm undefended, and loss ≤ 1.10× honest for \
          every mode; every attacker slashed within one epoch; audit overhead ≤ 5%.\n",
@@ -223,23 +238,28 @@ pub fn publish(
         100.0 * audit.rate,
         audit.quorum
     );
-    md.push_str("| mode | attackers | loss ÷ honest | undefended | honest alone | harm removed | detected | all slashed by epoch | audit overhead | false accusations |\n|---|---|---|---|---|---|---|---|---|---|\n");
+    md.push_str("| mode | attackers | loss ÷ honest | undefended | honest alone | harm removed | damage removed | detected | all slashed by epoch | audit overhead | false accusations |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
     let _ = writeln!(
         md,
-        "| honest | 0 | 1.000 | 1.000 | – | – | – | – | {:.2}% ({flagged:.1} honest payloads flagged per run) | {false_acc} |",
+        "| honest | 0 | 1.000 | 1.000 | – | – | – | – | – | {:.2}% ({flagged:.1} honest payloads flagged per run) | {false_acc} |",
         100.0 * overhead,
     );
     let mut worst_33 = 0.0f64;
     let mut least_removed_33 = f64::INFINITY;
+    let mut least_damage_33 = f64::INFINITY;
     for r in rows {
         println!("{}", line(r));
         let pct = (100.0 * r.fraction).round() as u32;
         let key = format!("{}_{pct}", r.mode.name().replace('-', "_"));
         let removed = r.removed();
+        let damage = r.damage_removed();
         if pct == 33 {
             worst_33 = worst_33.max(r.defended.mean);
             if let Some(x) = removed {
                 least_removed_33 = least_removed_33.min(x);
+            }
+            if let Some(x) = damage {
+                least_damage_33 = least_damage_33.min(x);
             }
         }
         let nan = f64::NAN;
@@ -261,6 +281,7 @@ pub fn publish(
             )
             .num(&format!("{key}_alone_loss_ratio"), r.alone.mean)
             .num(&format!("{key}_harm_removed"), removed.unwrap_or(nan))
+            .num(&format!("{key}_damage_removed"), damage.unwrap_or(nan))
             .num(&format!("{key}_detection"), r.detection)
             .num(
                 &format!("{key}_epochs_to_slash"),
@@ -273,7 +294,7 @@ pub fn publish(
             );
         let _ = writeln!(
             md,
-            "| {} | {} of {members} ({pct}%) | {} | {} | {} | {} | {:.0}% | {} | {:.2}% | {} |",
+            "| {} | {} of {members} ({pct}%) | {} | {} | {} | {} | {} | {:.0}% | {} | {:.2}% | {} |",
             r.mode.name(),
             r.count,
             r.defended.cell(),
@@ -284,6 +305,7 @@ pub fn publish(
                 (None, Some(_)) => "– (no harm undefended)".into(),
                 (None, None) => "–".into(),
             },
+            damage.map_or("–".into(), |x| format!("{:.0}%", 100.0 * x)),
             100.0 * r.detection,
             r.epochs_to_slash.map_or("never".into(), |e| e.to_string()),
             100.0 * r.overhead,
@@ -291,7 +313,8 @@ pub fn publish(
         );
     }
     f.num("worst_loss_ratio_at_33", worst_33)
-        .num("least_harm_removed_at_33", least_removed_33);
+        .num("least_harm_removed_at_33", least_removed_33)
+        .num("least_damage_removed_at_33", least_damage_33);
     let goal = |ok: bool| if ok { "met" } else { "not met" };
     let removed_line = if least_removed_33.is_finite() {
         format!(
@@ -302,6 +325,15 @@ pub fn publish(
     } else {
         "no attack at 33% did harm undefended on every seed, so the harm-removed goal was not tested"
             .into()
+    };
+    let removed_line = if least_damage_33.is_finite() {
+        format!(
+            "{removed_line}; least damage removed at 33% (harm above the honest members alone): \
+             **{:.0}%** (not the goal's measure)",
+            100.0 * least_damage_33
+        )
+    } else {
+        removed_line
     };
     let _ = writeln!(
         md,
@@ -355,6 +387,8 @@ mod tests {
         // (1.20 − 1.04) ÷ (1.20 − 1) = 80%.
         let r = row(1.04, [1.15, 1.20, 1.25]);
         assert!((r.removed().unwrap() - 0.8).abs() < 1e-9);
+        // Against the honest members alone (1.01): (1.20 − 1.04) ÷ (1.20 − 1.01).
+        assert!((r.damage_removed().unwrap() - 0.16 / 0.19).abs() < 1e-9);
         // A large mean from one seed, another seed unharmed: within the
         // spread, not harm.
         assert_eq!(row(1.0, [0.99, 1.0, 1.2]).removed(), None);
