@@ -24,6 +24,7 @@ const USAGE: &str = "usage: cohort-bench <convergence|engine|efficiency|simulate
                --methods adamw,sign,cohort --schedule stale|lockstep --reference yes
                --members 4 --batch 8 --arch --topk 4 --decode sign|rms --adaptive 0
                --eval-windows 64 --max-runs N --plan yes (list the runs still to do)
+               --name convergence (another name publishes its own section and JSON)
   engine       one member's training tokens/s vs the same model in PyTorch
                flags: --arch --batch --steps --backend (auto|cpu|wgpu|cuda) --threads --repeats 3
   efficiency   member processes over libp2p, shaped links vs the same processes on loopback

@@ -17,7 +17,7 @@ use cohort_engine::model::ModelConfig;
 use cohort_engine::runner::Schedule;
 use methods::{Method, Point, Setting, schedule_key};
 use runs::Record;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 use std::time::Instant;
 
@@ -48,6 +48,9 @@ struct Plan {
     seeds: u32,
     schedule: Schedule,
     reference: bool,
+    /// The section and JSON it publishes: `convergence` by default, another
+    /// name for a sweep in other settings (a shorter horizon, a larger batch).
+    name: String,
 }
 
 impl Plan {
@@ -152,6 +155,7 @@ pub fn run(raw: &[String]) -> Result<()> {
             "reference",
             "max-runs",
             "plan",
+            "name",
         ],
     )?;
     let steps: u32 = args.get("steps", 2000)?;
@@ -192,6 +196,7 @@ pub fn run(raw: &[String]) -> Result<()> {
             other => bail!("--schedule {other}: expected stale or lockstep"),
         },
         reference: args.get::<String>("reference", "yes".into())? == "yes",
+        name: args.get("name", "convergence".to_string())?,
         setting,
     };
     if plan.grid_seeds == 0 || plan.seeds < plan.grid_seeds {
@@ -520,19 +525,98 @@ fn publish(plan: &Plan, done: &HashMap<String, Record>) -> Result<()> {
             }
         }
     }
+    tried(&mut md, s, plan.schedule, base, done);
     let png = figure(&bests, &adamw.curve(), s.steps)?;
-    let png_path = report::repo_root().join("docs/bench/convergence.png");
+    let name = &plan.name;
+    let png_path = report::repo_root().join(format!("docs/bench/{name}.png"));
     std::fs::write(&png_path, png).with_context(|| format!("writing {}", png_path.display()))?;
     let _ = writeln!(
         md,
-        "\n![Validation loss of each method's best point (mean over seeds, shaded from the lowest to the highest seed) and its ratio to the best-tuned AdamW, against steps](bench/convergence.png)"
+        "\n![Validation loss of each method's best point (mean over seeds, shaded from the lowest to the highest seed) and its ratio to the best-tuned AdamW, against steps](bench/{name}.png)"
     );
     let _ = writeln!(
         md,
         "\nEvery run is kept in `docs/bench/convergence-runs.jsonl` as it ends (its validation curve, tokens/s and commit), so the same command resumes a sweep cut short."
     );
     println!("\n{md}");
-    report::publish("convergence", &f, &md)
+    report::publish(&plan.name, &f, &md)
+}
+
+/// The fields of a run's key (`runs::key`), by name; `arch` holds spaces,
+/// so it is read up to the next field.
+fn key_fields(key: &str) -> HashMap<&str, &str> {
+    let mut out = HashMap::new();
+    let mut rest = key;
+    while let Some(eq) = rest.find('=') {
+        let name = &rest[..eq];
+        let after = &rest[eq + 1..];
+        // The value runs to the last space before the next `name=`.
+        let end = after
+            .find('=')
+            .and_then(|next| after[..next].rfind(' '))
+            .unwrap_or(after.len());
+        out.insert(name.trim(), after[..end].trim());
+        rest = &after[end..];
+    }
+    out
+}
+
+/// Every run logged at this sweep's model, members, batch, steps,
+/// evaluation and schedule, whatever its method, decoder, coefficients or
+/// grid point: what was tried, mean over its seeds, as a ratio to this
+/// table's best AdamW. Generated from `convergence-runs.jsonl`.
+fn tried(
+    md: &mut String,
+    s: &Setting,
+    schedule: Schedule,
+    adamw: f64,
+    done: &HashMap<String, Record>,
+) {
+    let same = [
+        ("recipe", runs::RECIPE.to_string()),
+        ("arch", s.model.arch()),
+        ("members", s.members.to_string()),
+        ("batch", s.batch.to_string()),
+        ("steps", s.steps.to_string()),
+        ("eval", format!("{}x{}", s.eval_windows, s.eval_every)),
+        ("schedule", schedule_key(schedule).to_string()),
+    ];
+    let mut groups: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    for r in done.values() {
+        let k = key_fields(&r.key);
+        if same.iter().any(|(n, v)| k.get(n) != Some(&v.as_str())) {
+            continue;
+        }
+        let field = |n: &str| k.get(n).copied().unwrap_or("?");
+        let what = if field("method") == "cohort" {
+            format!(
+                "{} (top-{}, decoder {}, adaptive β2 {})",
+                field("method"),
+                field("topk"),
+                field("decode"),
+                field("adaptive")
+            )
+        } else {
+            field("method").to_string()
+        };
+        groups
+            .entry(format!("{what} | {} | {}", field("lr"), field("momentum")))
+            .or_default()
+            .push(r.final_val_loss);
+    }
+    let mut rows: Vec<(f64, String, usize)> = groups
+        .into_iter()
+        .map(|(g, v)| (spread(&v).0, g, v.len()))
+        .collect();
+    rows.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let _ = write!(
+        md,
+        "\nWhat was tried at this horizon ({} runs logged at these settings, any method, decoder, coefficients or grid point; mean over the seeds run, best first):\n\n| method | lr | momentum | seeds | final val loss | ÷ best AdamW above |\n|---|---|---|---|---|---|\n",
+        rows.iter().map(|r| r.2).sum::<usize>()
+    );
+    for (mean, g, n) in rows {
+        let _ = writeln!(md, "| {g} | {n} | {mean:.4} | {:.3} |", mean / adamw);
+    }
 }
 
 /// Two panels: every best point's validation loss against steps, and its
@@ -588,4 +672,22 @@ fn figure(bests: &[Best], adamw: &[(f64, f64, f64, f64)], steps: u32) -> Result<
         640,
         420,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::key_fields;
+
+    #[test]
+    fn a_run_key_splits_into_its_fields_with_the_spaced_arch_whole() {
+        let k = key_fields(
+            "recipe=1 arch=gpt l2 d128 h4 s64 members=4 batch=8 steps=1000 topk=4 decode=Sign adaptive=0 wd=0.1 eval=64x125 method=cohort lr=0.001 momentum=0.99 seed=0 schedule=stale",
+        );
+        assert_eq!(k["arch"], "gpt l2 d128 h4 s64");
+        assert_eq!(k["recipe"], "1");
+        assert_eq!(k["momentum"], "0.99");
+        assert_eq!(k["eval"], "64x125");
+        assert_eq!(k["schedule"], "stale");
+        assert_eq!(k.len(), 16);
+    }
 }
