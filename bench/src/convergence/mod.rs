@@ -688,6 +688,6 @@ mod tests {
         assert_eq!(k["momentum"], "0.99");
         assert_eq!(k["eval"], "64x125");
         assert_eq!(k["schedule"], "stale");
-        assert_eq!(k.len(), 16);
+        assert_eq!(k.len(), 15);
     }
 }
