@@ -43,6 +43,20 @@ pub struct SimResult {
     pub busy: f64,
     /// Mean contributions per applied manifest.
     pub contributors: f64,
+    /// Contributions in the manifests the nodes applied, mean over nodes:
+    /// the work that reached the model (each is one member's tokens for
+    /// one step). A payload left out of its step's manifest was computed
+    /// for nothing.
+    pub applied_contributions: f64,
+}
+
+impl SimResult {
+    /// Contributed-token efficiency: contributions applied per second, as
+    /// a share of the same in `free` (the run with no network cost).
+    pub fn contributed_efficiency(&self, free: &SimResult) -> f64 {
+        let rate = |r: &SimResult| r.applied_contributions / r.secs.max(1e-9);
+        rate(self) / rate(free).max(1e-12)
+    }
 }
 
 /// Deterministic xorshift: a simulation must be repeatable from its seed.
@@ -78,6 +92,8 @@ struct Node {
     up_free: f64,
     down_free: f64,
     applied: u32,
+    /// Entries of the manifests this node applied.
+    contributions: u64,
     next_compute: u32,
     busy: bool,
     ready: VecDeque<u32>,
@@ -113,6 +129,7 @@ pub fn simulate(cfg: &SimConfig, free_network: bool) -> SimResult {
             up_free: 0.0,
             down_free: 0.0,
             applied: 0,
+            contributions: 0,
             next_compute: 0,
             busy: false,
             ready: VecDeque::new(),
@@ -255,7 +272,9 @@ pub fn simulate(cfg: &SimConfig, free_network: bool) -> SimResult {
                     }
                 }
                 Action::Apply { manifest, .. } => {
-                    nodes[node as usize].ready.push_back(manifest.step)
+                    let me = &mut nodes[node as usize];
+                    me.contributions += manifest.entries.len() as u64;
+                    me.ready.push_back(manifest.step)
                 }
                 Action::RequestManifest { .. } => {}
             }
@@ -307,6 +326,7 @@ pub fn simulate(cfg: &SimConfig, free_network: bool) -> SimResult {
             .sum::<f64>()
             / n as f64,
         contributors: contributors.0 as f64 / contributors.1.max(1) as f64,
+        applied_contributions: nodes.iter().map(|x| x.contributions as f64).sum::<f64>() / n as f64,
     }
 }
 
@@ -338,7 +358,24 @@ mod tests {
             let r = simulate(&cfg(8), free);
             assert_eq!(r.steps, 12);
             assert!((r.contributors - 8.0).abs() < 1e-9, "{r:?}");
+            assert!((r.applied_contributions - 8.0 * 12.0).abs() < 1e-9, "{r:?}");
         }
+    }
+
+    #[test]
+    fn a_collect_window_shorter_than_the_transfers_applies_fewer_contributions() {
+        // 200 kB from 8 authors over 0.2 Mbit/s uplinks: seconds per
+        // payload, against a 3 s collect window.
+        let mut c = cfg(8);
+        c.up_mbit = (0.2, 0.3);
+        let free = simulate(&c, true);
+        let slow = simulate(&c, false);
+        assert_eq!(slow.steps, 12);
+        assert!(slow.contributors < 8.0, "{slow:?}");
+        let e = slow.contributed_efficiency(&free);
+        let step_time_ratio = free.secs / slow.secs;
+        assert!(e < step_time_ratio, "{e} {step_time_ratio}");
+        assert!((free.contributed_efficiency(&free) - 1.0).abs() < 1e-12);
     }
 
     #[test]
