@@ -56,10 +56,10 @@ pub fn run(raw: &[String]) -> Result<()> {
     // `Timing::default()`); `--collect-secs` tries another collect window.
     let shipped = Timing::default();
     let collect: f64 = a.get("collect-secs", shipped.collect.as_secs_f64())?;
-    let timing = Timing {
-        collect: Duration::from_secs_f64(collect),
-        ..shipped
+    let Ok(collect) = Duration::try_from_secs_f64(collect) else {
+        anyhow::bail!("--collect-secs {collect}: expected a finite number of seconds ≥ 0");
     };
+    let timing = Timing { collect, ..shipped };
     let assumptions = vec![
         format!("model `{arch}`: {:.2} B parameters, byte-level tokens", params / 1e9),
         format!(
@@ -84,10 +84,13 @@ pub fn run(raw: &[String]) -> Result<()> {
         format!(
             "the node's deadlines as it ships (`Timing::default()`): a leader waits at most {:.1} s for contributions after a step opens{}, a fall-back leader {:.1} s more",
             timing.collect.as_secs_f64(),
-            if (timing.collect.as_secs_f64() - shipped.collect.as_secs_f64()).abs() > 1e-9 {
-                " (set by `--collect-secs`; the node ships 3 s)"
+            if timing.collect != shipped.collect {
+                format!(
+                    " (set by `--collect-secs`; the node ships {:.1} s)",
+                    shipped.collect.as_secs_f64()
+                )
             } else {
-                ""
+                String::new()
             },
             timing.fallback.as_secs_f64()
         ),

@@ -1001,6 +1001,8 @@ fn members_behind_nat_train_through_a_relay_and_punch_holes_where_the_nat_allows
         &wan,
         PEER,
         "--relay-server",
+        "--members",
+        "3",
         "--listen",
         "/ip4/10.79.1.1/tcp/4000",
     ]);
@@ -1070,8 +1072,18 @@ fn members_behind_nat_train_through_a_relay_and_punch_holes_where_the_nat_allows
     };
     // No member was reached at a private address: every route went
     // through the relay, and A and B then punched a hole to each other.
-    assert_eq!(route(0, 1).as_deref(), Some("holepunched"), "{}", done[0]);
-    assert_eq!(route(1, 0).as_deref(), Some("holepunched"), "{}", done[1]);
+    // DCUtR reports success on the side whose dial made the direct
+    // connection; the other may see it only as a direct connection, which
+    // between two NATs can only be the punched hole.
+    let punched = |r: Option<String>| matches!(r.as_deref(), Some("holepunched" | "direct"));
+    assert!(punched(route(0, 1)), "{}", done[0]);
+    assert!(punched(route(1, 0)), "{}", done[1]);
+    assert!(
+        [route(0, 1), route(1, 0)].contains(&Some("holepunched".into())),
+        "{}\n{}",
+        done[0],
+        done[1]
+    );
     for (i, j) in [(0, 2), (2, 0), (1, 2), (2, 1)] {
         assert_eq!(
             route(i, j).as_deref(),

@@ -196,7 +196,22 @@ pub fn run(raw: &[String]) -> Result<()> {
             other => bail!("--schedule {other}: expected stale or lockstep"),
         },
         reference: args.get::<String>("reference", "yes".into())? == "yes",
-        name: args.get("name", "convergence".to_string())?,
+        name: {
+            let name: String = args.get("name", "convergence".to_string())?;
+            // A file name and a section marker: only `convergence` or
+            // `convergence-<letters, digits, dashes>`, so no other bench's
+            // JSON or section is overwritten.
+            let ok = name == "convergence"
+                || name.strip_prefix("convergence-").is_some_and(|t| {
+                    !t.is_empty()
+                        && t.chars()
+                            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                });
+            if !ok {
+                bail!("--name {name}: expected `convergence` or `convergence-<a-z 0-9 ->`");
+            }
+            name
+        },
         setting,
     };
     if plan.grid_seeds == 0 || plan.seeds < plan.grid_seeds {
@@ -389,7 +404,17 @@ fn publish(plan: &Plan, done: &HashMap<String, Record>) -> Result<()> {
     let mut md = String::new();
     let _ = writeln!(
         md,
-        "## Convergence\n\n`cargo run --release -p cohort-bench -- convergence` — {} ({} parameters), {} members, batch {} x {} bytes per member per step, {} steps ({} tokens), bundled KJV corpus (validation: {} fixed held-out windows). Every method is tuned over the same grid, learning rate {:?} × momentum {:?} (AdamW's β1; the momentum decay of sign-SGD and of Cohort's members), on {} seed(s); its best point is then run on {} seeds (each seed draws other initial weights and other batches). Schedule: {} (each gradient is computed on the weights before the previous step's update, as the P2P node pipelines). Peak learning rate with warm-up, then cosine to 10%; weight decay 0.1; Cohort: 64x64 DCT chunks, top-{} per chunk, decoder `{:?}`, adaptive β2 {}.\n",
+        "## Convergence{}\n\n`cargo run --release -p cohort-bench -- convergence{}` — {} ({} parameters), {} members, batch {} x {} bytes per member per step, {} steps ({} tokens), bundled KJV corpus (validation: {} fixed held-out windows). Every method is tuned over the same grid, learning rate {:?} × momentum {:?} (AdamW's β1; the momentum decay of sign-SGD and of Cohort's members), on {} seed(s); its best point is then run on {} seeds (each seed draws other initial weights and other batches). Schedule: {} (each gradient is computed on the weights before the previous step's update, as the P2P node pipelines). Peak learning rate with warm-up, then cosine to 10%; weight decay 0.1; Cohort: 64x64 DCT chunks, top-{} per chunk, decoder `{:?}`, adaptive β2 {}.\n",
+        if plan.name == "convergence" {
+            String::new()
+        } else {
+            format!(" (`--name {}`)", plan.name)
+        },
+        if plan.name == "convergence" {
+            String::new()
+        } else {
+            format!(" --name {} --steps {}", plan.name, s.steps)
+        },
         s.model.arch(),
         s.model.num_params(),
         s.members,
@@ -578,10 +603,13 @@ fn tried(
         ("members", s.members.to_string()),
         ("batch", s.batch.to_string()),
         ("steps", s.steps.to_string()),
+        ("wd", s.weight_decay.to_string()),
         ("eval", format!("{}x{}", s.eval_windows, s.eval_every)),
         ("schedule", schedule_key(schedule).to_string()),
     ];
-    let mut groups: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    // group → seed → final loss: a dense method's run is logged again under
+    // each Cohort setting it was compared in, with the same result.
+    let mut groups: BTreeMap<String, BTreeMap<String, f64>> = BTreeMap::new();
     for r in done.values() {
         let k = key_fields(&r.key);
         if same.iter().any(|(n, v)| k.get(n) != Some(&v.as_str())) {
@@ -602,16 +630,19 @@ fn tried(
         groups
             .entry(format!("{what} | {} | {}", field("lr"), field("momentum")))
             .or_default()
-            .push(r.final_val_loss);
+            .insert(field("seed").to_string(), r.final_val_loss);
     }
     let mut rows: Vec<(f64, String, usize)> = groups
         .into_iter()
-        .map(|(g, v)| (spread(&v).0, g, v.len()))
+        .map(|(g, v)| {
+            let v: Vec<f64> = v.into_values().collect();
+            (spread(&v).0, g, v.len())
+        })
         .collect();
     rows.sort_by(|a, b| a.0.total_cmp(&b.0));
     let _ = write!(
         md,
-        "\nWhat was tried at this horizon ({} runs logged at these settings, any method, decoder, coefficients or grid point; mean over the seeds run, best first):\n\n| method | lr | momentum | seeds | final val loss | ÷ best AdamW above |\n|---|---|---|---|---|---|\n",
+        "\nWhat was tried at this horizon ({} points and seeds logged at these settings, any method, decoder, coefficients or grid point; mean over its seeds, best first):\n\n| method | lr | momentum | seeds | final val loss | ÷ best AdamW above |\n|---|---|---|---|---|---|\n",
         rows.iter().map(|r| r.2).sum::<usize>()
     );
     for (mean, g, n) in rows {

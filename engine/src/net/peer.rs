@@ -45,10 +45,12 @@ pub const USAGE: &str = "usage: cohort-peer --index I --members N [options]
   --mdns              discover peers on the LAN
   --peer-id-of I      print member I's peer id and exit (I = relay: the relay's)
 
-usage: cohort-peer --relay-server --listen ADDR [--listen ADDR ...]
-  runs the job's public relay (circuit relay v2) until killed: members
-  behind NAT listen on ADDR/p2p/RELAY/p2p-circuit and reach each other
-  through it until DCUtR punches a direct hole
+usage: cohort-peer --relay-server --members N --listen ADDR [--listen ADDR ...]
+  runs a local job's relay (circuit relay v2) until killed, for its N
+  members only: members behind NAT listen on ADDR/p2p/RELAY/p2p-circuit and
+  reach each other through it until DCUtR punches a direct hole. Its key,
+  like the members', derives from a public name: for tests, not for a
+  relay strangers rely on
 ";
 
 /// Deterministic identity of member `i` of a local job: (secret, public).
@@ -76,9 +78,17 @@ fn relay_server(args: &[String]) -> Result<(), String> {
     use libp2p::futures::StreamExt;
     use libp2p::swarm::SwarmEvent;
     let mut listen = Vec::new();
+    let mut members = None;
     let mut it = args.iter().filter(|a| *a != "--relay-server");
     while let Some(flag) = it.next() {
         match flag.as_str() {
+            "--members" => {
+                let v = it.next().ok_or("--members needs a value")?;
+                members = Some(
+                    v.parse::<usize>()
+                        .map_err(|_| format!("--members: `{v}` is not a valid number"))?,
+                );
+            }
             "--listen" => {
                 let a = it.next().ok_or("--listen needs a value")?;
                 listen.push(
@@ -96,13 +106,16 @@ fn relay_server(args: &[String]) -> Result<(), String> {
     if listen.is_empty() {
         return Err("--relay-server needs --listen ADDR".into());
     }
+    let members: Vec<libp2p::PeerId> = (0..members.ok_or("--relay-server needs --members N")?)
+        .map(|i| super::swarm::peer_id(&local_member(i).1).ok_or("a member key is not ed25519"))
+        .collect::<Result<_, _>>()?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| e.to_string())?;
     rt.block_on(async {
-        let mut swarm =
-            super::swarm::build_relay(&msg::keypair(&relay_secret())).map_err(|e| e.to_string())?;
+        let mut swarm = super::swarm::build_relay(&msg::keypair(&relay_secret()), &members)
+            .map_err(|e| e.to_string())?;
         for a in listen {
             swarm
                 .listen_on(a.clone())

@@ -265,6 +265,10 @@ pub fn build(
 /// its NAT maps it to: the hole to punch) and ping.
 #[derive(NetworkBehaviour)]
 pub struct RelayBehaviour {
+    /// First: only the job's members may connect (reserve, relay, or
+    /// be relayed to); anyone else is refused before the relay sees them.
+    pub members: libp2p::allow_block_list::Behaviour<libp2p::allow_block_list::AllowedPeers>,
+    pub limits: connection_limits::Behaviour,
     pub relay: relay::Behaviour,
     pub identify: identify::Behaviour,
     pub ping: ping::Behaviour,
@@ -273,22 +277,33 @@ pub struct RelayBehaviour {
 /// libp2p's defaults cut a circuit after 2 minutes or 128 KiB: made for
 /// setting up a hole punch, not for carrying a step's payloads when the
 /// punch fails. A job's relay carries a member's traffic until it does,
-/// for as many members as a job has.
+/// for every pair of a job's members (the wire admits 1,024). Its rate
+/// limits (30 circuits per peer, then one per 2 minutes) would refuse a
+/// job's real circuits once redials spent them; only members can connect
+/// at all (`RelayBehaviour::members`), so the caps here are sized to the
+/// job, not to strangers.
 pub fn relay_config() -> relay::Config {
     relay::Config {
-        max_reservations: 4096,
+        max_reservations: 2048,
         max_reservations_per_peer: 4,
-        max_circuits: 4096,
-        max_circuits_per_peer: 64,
+        reservation_rate_limiters: Vec::new(),
+        max_circuits: 65_536,
+        max_circuits_per_peer: 2048,
         max_circuit_duration: Duration::from_secs(24 * 3600),
-        // 0: no byte limit (libp2p-relay's `CopyFuture`).
+        // 0: no byte limit (libp2p-relay 0.21's `CopyFuture` checks only a
+        // positive limit, and the client only reports it).
         max_circuit_bytes: 0,
+        circuit_src_rate_limiters: Vec::new(),
         ..relay::Config::default()
     }
 }
 
-/// Builds a relay's swarm (TCP and QUIC, like the members').
-pub fn build_relay(key: &ed25519::Keypair) -> Result<Swarm<RelayBehaviour>, SetupError> {
+/// Builds a relay's swarm (TCP and QUIC, like the members') that serves
+/// `members` only.
+pub fn build_relay(
+    key: &ed25519::Keypair,
+    members: &[PeerId],
+) -> Result<Swarm<RelayBehaviour>, SetupError> {
     let id = identity::Keypair::from(key.clone());
     let swarm = SwarmBuilder::with_existing_identity(id)
         .with_tokio()
@@ -300,6 +315,14 @@ pub fn build_relay(key: &ed25519::Keypair) -> Result<Swarm<RelayBehaviour>, Setu
         .map_err(setup)?
         .with_quic()
         .with_behaviour(|k| RelayBehaviour {
+            members: {
+                let mut allow = libp2p::allow_block_list::Behaviour::default();
+                for m in members {
+                    allow.allow_peer(*m);
+                }
+                allow
+            },
+            limits: connection_limits::Behaviour::new(limits()),
             relay: relay::Behaviour::new(k.public().to_peer_id(), relay_config()),
             identify: identify::Behaviour::new(identify::Config::new(
                 "/cohort/1".into(),

@@ -27,7 +27,7 @@ use libp2p::identity::ed25519;
 use libp2p::request_response::{self, OutboundRequestId};
 use libp2p::swarm::SwarmEvent;
 use libp2p::{PeerId, Swarm, ping};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::mpsc as std_mpsc;
 use std::time::{Duration, Instant};
@@ -98,8 +98,15 @@ struct Net {
     divergence: DivergenceVote,
     peers: Vec<Option<PeerId>>,
     started: Instant,
-    /// Whether a peer (the relay) has told this node its public address.
-    public_candidate: bool,
+    /// Whether one of this node's relays has identified it (told it the
+    /// address it sees), and whether DCUtR has an address to punch with
+    /// (any peer's observation; a false one only fails its punch).
+    relay_identified: bool,
+    address_candidate: bool,
+    /// The relays named in this node's relayed addresses.
+    relays: HashSet<PeerId>,
+    /// Relayed addresses: when each may be dialed again, and the next wait.
+    relayed_redial: HashMap<libp2p::Multiaddr, (Instant, Duration)>,
     payloads: HashMap<[u8; 32], Vec<u8>>,
     /// The signed manifest this node applied per step, for the whole epoch:
     /// what it serves for a step the step machine no longer keeps (a
@@ -381,10 +388,40 @@ impl Net {
                     _ => None,
                 })
                 .last();
-            if peer.is_some_and(|p| !self.swarm.is_connected(&p))
-                && (!is_relayed(&a) || self.may_dial_relayed())
-            {
+            let Some(peer) = peer else { continue };
+            if self.swarm.is_connected(&peer) {
+                self.relayed_redial.remove(&a);
+                continue;
+            }
+            if !is_relayed(&a) {
                 let _ = self.swarm.dial(a);
+                continue;
+            }
+            // Relayed: only toward higher member indices at first. Two
+            // relayed connections opened at once from both ends each start
+            // a hole punch, and the two punches spoil each other (seen here:
+            // both members stayed relayed in 1 run of 5). The lower index
+            // dials; the other waits to be dialed, then dials too.
+            let index = self.peers.iter().position(|p| p.as_ref() == Some(&peer));
+            let mine = self.cfg.me as usize;
+            if index.is_some_and(|i| i < mine) && self.started.elapsed() < RELAY_DIAL_WAIT * 3 {
+                continue;
+            }
+            // After the public address, with a growing wait.
+            let now = Instant::now();
+            let due = self.relayed_redial.get(&a).is_none_or(|(at, _)| now >= *at);
+            if !due || !self.may_dial_relayed() {
+                continue;
+            }
+            let wait = self
+                .relayed_redial
+                .get(&a)
+                .map_or(Duration::from_secs(1), |(_, w)| {
+                    (*w * 2).min(RELAY_REDIAL_MAX)
+                });
+            self.relayed_redial.insert(a.clone(), (now + wait, wait));
+            if let Err(e) = self.swarm.dial(a.clone()) {
+                tracing::warn!(addr = %a, error = %e, "cannot dial through the relay");
             }
         }
     }
@@ -395,7 +432,8 @@ impl Net {
     /// nothing to punch and stays relayed. So relayed dials wait for that
     /// address, or a few seconds, whichever comes first.
     fn may_dial_relayed(&self) -> bool {
-        self.public_candidate || self.started.elapsed() > RELAY_DIAL_WAIT
+        (self.relay_identified && self.address_candidate)
+            || self.started.elapsed() > RELAY_DIAL_WAIT
     }
 
     fn prune(&mut self) {
@@ -463,7 +501,10 @@ impl Net {
             swarm,
             topic,
             started: Instant::now(),
-            public_candidate: false,
+            relay_identified: false,
+            address_candidate: false,
+            relays: relays_of(cfg.listen.iter().chain(&cfg.bootstrap)),
+            relayed_redial: HashMap::new(),
             payloads: HashMap::new(),
             manifests_raw: BTreeMap::new(),
             ranked_raw: HashMap::new(),
@@ -515,7 +556,7 @@ impl Net {
             }
             SwarmEvent::NewExternalAddrCandidate { address } => {
                 tracing::debug!(%address, "public address candidate");
-                self.public_candidate = true;
+                self.address_candidate = true;
             }
             SwarmEvent::ConnectionEstablished {
                 peer_id, endpoint, ..
@@ -632,6 +673,9 @@ impl Net {
             SwarmEvent::Behaviour(BehaviourEvent::Identify(
                 libp2p::identify::Event::Received { peer_id, info, .. },
             )) => {
+                if self.relays.contains(&peer_id) {
+                    self.relay_identified = true;
+                }
                 for a in info.listen_addrs {
                     self.swarm.behaviour_mut().kad.add_address(&peer_id, a);
                 }
@@ -910,16 +954,32 @@ impl Net {
     }
 }
 
-/// Runs one member until it has applied `cfg.steps` updates, then lingers
-/// briefly so slower peers can still fetch from it.
 /// How long relayed dials wait for a public address (`may_dial_relayed`).
 const RELAY_DIAL_WAIT: Duration = Duration::from_secs(5);
+/// Longest wait between relayed redials of one address: each costs the
+/// relay a circuit request, and a member that is down stays down a while.
+const RELAY_REDIAL_MAX: Duration = Duration::from_secs(60);
 
 fn is_relayed(a: &libp2p::Multiaddr) -> bool {
     a.iter()
         .any(|p| p == libp2p::multiaddr::Protocol::P2pCircuit)
 }
 
+/// The relays named in relayed addresses (the first peer id of each).
+fn relays_of<'a>(addrs: impl Iterator<Item = &'a libp2p::Multiaddr>) -> HashSet<PeerId> {
+    addrs
+        .filter(|a| is_relayed(a))
+        .filter_map(|a| {
+            a.iter().find_map(|p| match p {
+                libp2p::multiaddr::Protocol::P2p(id) => Some(id),
+                _ => None,
+            })
+        })
+        .collect()
+}
+
+/// Runs one member until it has applied `cfg.steps` updates, then lingers
+/// briefly so slower peers can still fetch from it.
 pub async fn run(
     cfg: NodeConfig,
     corpus: Corpus,
