@@ -796,44 +796,14 @@ fn two_nodes_train_across_network_namespaces() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let tag = format!("c{}", std::process::id() % 100000);
     let (a, b) = (format!("{tag}a"), format!("{tag}b"));
-    let ip = |args: &[&str]| {
-        Command::new("ip")
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    };
-    // Not a silent skip: a machine that cannot build namespaces fails here,
+    // Not a silent skip: a machine that cannot build namespaces fails here
     // and says how to leave the test out on purpose.
-    assert!(
-        ip(&["netns", "add", &a]),
-        "`ip netns add` failed: this test needs root and iproute2; leave it out \
-         with `--skip two_nodes_train_across_network_namespaces`"
-    );
-    struct Cleanup(Vec<String>);
-    impl std::ops::Drop for Cleanup {
-        fn drop(&mut self) {
-            for ns in &self.0 {
-                let _ = Command::new("ip").args(["netns", "del", ns]).status();
-            }
-        }
-    }
-    let _cleanup = Cleanup(vec![a.clone(), b.clone()]);
-    let (va, vb) = (format!("{tag}va"), format!("{tag}vb"));
-    let ok = ip(&["netns", "add", &b])
-        && ip(&["link", "add", &va, "type", "veth", "peer", "name", &vb])
-        && ip(&["link", "set", &va, "netns", &a])
-        && ip(&["link", "set", &vb, "netns", &b])
-        && ip(&["-n", &a, "addr", "add", "10.231.0.1/24", "dev", &va])
-        && ip(&["-n", &b, "addr", "add", "10.231.0.2/24", "dev", &vb])
-        && ip(&["-n", &a, "link", "set", &va, "up"])
-        && ip(&["-n", &b, "link", "set", &vb, "up"])
-        && ip(&["-n", &a, "link", "set", "lo", "up"])
-        && ip(&["-n", &b, "link", "set", "lo", "up"]);
-    assert!(
-        ok,
-        "namespaces were created but the veth link could not be set up"
+    let mut net = Netns::new("two_nodes_train_across_network_namespaces");
+    net.add(&a);
+    net.add(&b);
+    net.link(
+        (&a, &format!("{tag}va"), "10.231.0.1/24"),
+        (&b, &format!("{tag}vb"), "10.231.0.2/24"),
     );
     let steps = 8;
     let cmd = |ns: &str, i: usize, me: &str, other: &str| {
@@ -870,23 +840,37 @@ fn two_nodes_train_across_network_namespaces() {
 /// Commands run to build a test network, and the namespaces to delete
 /// when the test ends (passed or not).
 struct Netns {
+    /// The test, named in the failure message (how to leave it out).
+    test: &'static str,
     spaces: Vec<String>,
 }
 
 impl Netns {
+    fn new(test: &'static str) -> Self {
+        Netns {
+            test,
+            spaces: Vec::new(),
+        }
+    }
+
     /// Runs `args`, inside namespace `ns` when given; panics with the
-    /// command and its error output when it fails.
+    /// command, its error output and how to leave the test out when it
+    /// fails (it needs root, iproute2 and, for NAT, nftables).
     fn run(&self, ns: Option<&str>, args: &[&str]) {
         let mut c = Command::new(if ns.is_some() { "ip" } else { args[0] });
         match ns {
             Some(ns) => c.args(["netns", "exec", ns]).args(args),
             None => c.args(&args[1..]),
         };
-        let out = c.output().unwrap_or_else(|e| panic!("{args:?}: {e}"));
+        let out = c
+            .output()
+            .unwrap_or_else(|e| panic!("{args:?}: {e}; {} needs iproute2", self.test));
         assert!(
             out.status.success(),
-            "{args:?} in {ns:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
+            "{args:?} in {ns:?} failed: {}this test needs root and iproute2 (and nft for \
+             NAT); leave it out with `--skip {}`",
+            String::from_utf8_lossy(&out.stderr),
+            self.test
         );
     }
 
@@ -933,7 +917,8 @@ impl std::ops::Drop for Netns {
 fn members_behind_nat_train_through_a_relay_and_punch_holes_where_the_nat_allows() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let tag = format!("n{}", std::process::id() % 100000);
-    let mut net = Netns { spaces: vec![] };
+    let mut net =
+        Netns::new("members_behind_nat_train_through_a_relay_and_punch_holes_where_the_nat_allows");
     let wan = format!("{tag}w");
     net.add(&wan);
     net.run(Some(&wan), &["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
