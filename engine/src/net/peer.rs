@@ -66,9 +66,8 @@ pub fn relay_secret() -> [u8; 32] {
 
 /// The peer id of the local job's relay.
 pub fn relay_peer_id() -> libp2p::PeerId {
-    libp2p::PeerId::from_public_key(&libp2p::identity::PublicKey::from(
-        msg::keypair(&relay_secret()).public(),
-    ))
+    super::swarm::peer_id(&msg::keypair(&relay_secret()).public().to_bytes())
+        .expect("an ed25519 key")
 }
 
 /// Runs the relay until killed, printing one JSON line per listening

@@ -135,10 +135,10 @@ impl Net {
         if self.cfg.defence.adversary != Some(Mode::Stalling) {
             return false;
         }
-        let asker = self.peers.iter().position(|p| p.as_ref() == Some(from));
+        let asker = self.member_of(from);
         let step = self.own_payloads.get(hash).copied();
         match (asker, step) {
-            (Some(asker), Some(step)) => self.machine.leader(step, 0) != asker as u32,
+            (Some(asker), Some(step)) => self.machine.leader(step, 0) != asker,
             _ => true,
         }
     }

@@ -369,9 +369,17 @@ impl Net {
             .publish(self.topic.clone(), raw);
     }
 
+    /// The member index of a connected peer id, if it is a member.
+    fn member_of(&self, peer: &PeerId) -> Option<u32> {
+        self.peers
+            .iter()
+            .position(|p| p.as_ref() == Some(peer))
+            .map(|i| i as u32)
+    }
+
     fn note_route(&mut self, peer: &PeerId, route: Route) {
-        if let Some(i) = self.peers.iter().position(|p| p.as_ref() == Some(peer)) {
-            Route::improve(&mut self.stats.routes, i as u32, route);
+        if let Some(i) = self.member_of(peer) {
+            Route::improve(&mut self.stats.routes, i, route);
         }
     }
 
@@ -379,16 +387,9 @@ impl Net {
     /// started after us, or restarted).
     fn redial(&mut self) {
         for a in self.cfg.bootstrap.clone() {
-            // The last peer id names the peer: a relayed address names
-            // the relay first (`/p2p/RELAY/p2p-circuit/p2p/PEER`).
-            let peer = a
-                .iter()
-                .filter_map(|p| match p {
-                    libp2p::multiaddr::Protocol::P2p(id) => Some(id),
-                    _ => None,
-                })
-                .last();
-            let Some(peer) = peer else { continue };
+            let Some(peer) = peer_ids(&a).last() else {
+                continue;
+            };
             if self.swarm.is_connected(&peer) {
                 self.relayed_redial.remove(&a);
                 continue;
@@ -402,9 +403,8 @@ impl Net {
             // a hole punch, and the two punches spoil each other (seen here:
             // both members stayed relayed in 1 run of 5). The lower index
             // dials; the other waits to be dialed, then dials too.
-            let index = self.peers.iter().position(|p| p.as_ref() == Some(&peer));
-            let mine = self.cfg.me as usize;
-            if index.is_some_and(|i| i < mine) && self.started.elapsed() < RELAY_DIAL_WAIT * 3 {
+            let lower = self.member_of(&peer).is_some_and(|i| i < self.cfg.me);
+            if lower && self.started.elapsed() < RELAY_DIAL_WAIT * 3 {
                 continue;
             }
             // After the public address, with a growing wait.
@@ -965,16 +965,20 @@ fn is_relayed(a: &libp2p::Multiaddr) -> bool {
         .any(|p| p == libp2p::multiaddr::Protocol::P2pCircuit)
 }
 
+/// The peer ids an address names, in order: a relayed address names the
+/// relay first and the peer last (`/p2p/RELAY/p2p-circuit/p2p/PEER`).
+fn peer_ids(a: &libp2p::Multiaddr) -> impl Iterator<Item = PeerId> + '_ {
+    a.iter().filter_map(|p| match p {
+        libp2p::multiaddr::Protocol::P2p(id) => Some(id),
+        _ => None,
+    })
+}
+
 /// The relays named in relayed addresses (the first peer id of each).
 fn relays_of<'a>(addrs: impl Iterator<Item = &'a libp2p::Multiaddr>) -> HashSet<PeerId> {
     addrs
         .filter(|a| is_relayed(a))
-        .filter_map(|a| {
-            a.iter().find_map(|p| match p {
-                libp2p::multiaddr::Protocol::P2p(id) => Some(id),
-                _ => None,
-            })
-        })
+        .filter_map(|a| peer_ids(a).next())
         .collect()
 }
 
