@@ -10,12 +10,13 @@ mod chain_job;
 mod convergence;
 mod efficiency;
 mod engine;
+mod large_model;
 mod plot;
 mod report;
 mod runlog;
 mod simulate;
 
-const USAGE: &str = "usage: cohort-bench <convergence|engine|efficiency|simulate|chain|adversary|app|peer> [--flag value ...]
+const USAGE: &str = "usage: cohort-bench <convergence|engine|efficiency|simulate|large-model|chain|adversary|app|peer> [--flag value ...]
 
   convergence  dense AdamW vs dense sign-SGD vs Cohort compressed, same tokens, each tuned
                over one lr x momentum grid, its best point over several seeds; resumable
@@ -31,6 +32,9 @@ const USAGE: &str = "usage: cohort-bench <convergence|engine|efficiency|simulate
                flags: --members (cores) --steps --arch --batch --mbit --rtt-ms --slow-rtt-ms (0: ≈ compute) --warmup --repeats 3
   simulate     the step protocol in virtual time: 48 nodes and 1,000 nodes
                flags: --arch --gpus-per-node --gpu-tflops --mfu --tokens-per-gpu --steps ...
+  large-model  a ~100 M-parameter job as 3 processes, one joining late: parts over 1 MiB,
+               peak memory per process, states on disk vs in memory
+               flags: --arch \"gpt l8 d1024 h16 s64\" --topk 32 --steps 6 --batch 1 --join-at 2
   chain        a real job's transactions, fees and balances read from the chain, then
                modelled jobs of 3, 30, 300 members; flags: --sizes 3,30,300 --epochs 3
                --real-nodes 3 --real-epochs 3 --real-steps 10
@@ -58,6 +62,7 @@ fn main() {
         Some("engine") => engine::run(&args[1..]),
         Some("efficiency") => efficiency::run(&args[1..]),
         Some("simulate") => simulate::run(&args[1..]),
+        Some("large-model") => large_model::run(&args[1..]),
         Some("chain") => chain::run(&args[1..]),
         Some("adversary") => adversary::run(&args[1..]),
         Some("app") => app::run(&args[1..]),

@@ -435,7 +435,14 @@ impl Trainer {
     /// shared second moment and the step), encoded for a late joiner.
     /// Momentum is each member's own and is not part of it.
     pub fn snapshot(&self) -> Vec<u8> {
-        let mut buf = Vec::with_capacity(8 * self.params.numel() + 64);
+        self.snapshot_with_room(0)
+    }
+
+    /// [`Trainer::snapshot`] in a buffer with `room` bytes to spare, for a
+    /// caller that appends to it.
+    pub fn snapshot_with_room(&self, room: usize) -> Vec<u8> {
+        let mut buf =
+            Vec::with_capacity(SNAPSHOT_MAGIC.len() + 36 + 8 * self.params.numel() + room);
         buf.extend_from_slice(SNAPSHOT_MAGIC);
         buf.extend_from_slice(&self.id.job);
         buf.extend_from_slice(&self.step.to_le_bytes());

@@ -241,11 +241,15 @@ fn processes_train_one_model_through_a_kill_a_restart_and_a_late_joiner() {
     let ckpt = |i: usize| dir.join(format!("member-{i}.ckpt"));
     let start = |i: usize, extra: &[&str]| {
         let mut c = peer_cmd("churn", i, n, steps, &ports);
+        // States and momenta kept on disk however small: the path a large
+        // model takes.
         c.args([
             "--checkpoint",
             ckpt(i).to_str().unwrap(),
             "--min-peers",
             "2",
+            "--spill-above",
+            "0",
         ]);
         c.args(extra);
         Peer::spawn(&mut c)

@@ -107,6 +107,7 @@ impl EpochRun<'_> {
                 // Each witness votes on chain by itself (see `fraud`).
                 cosigner: None,
             },
+            spill_above: p2p::SPILL_ABOVE,
         })
     }
 

@@ -135,7 +135,14 @@ pub struct NodeConfig {
     /// between steps back to the driver (the owner asked for the VRAM).
     pub release_memory_when_paused: bool,
     pub defence: Defence,
+    /// States and momenta this node keeps to serve (four and sixteen of
+    /// them, each about the model's size) go to disk from this size on.
+    pub spill_above: usize,
 }
+
+/// [`NodeConfig::spill_above`] for nodes that do not choose: anything the
+/// size of a small model's state or more lives on disk.
+pub const SPILL_ABOVE: usize = 16 << 20;
 
 impl NodeConfig {
     /// This epoch's defence policy: the same on the training thread and

@@ -438,22 +438,30 @@ pub fn open_checked(
 
 /// Blob requests over request-response: payloads by hash, missed
 /// manifests, checkpoint chunks for joiners, a member's momentum for an
-/// audit, and a witness's co-signature on a fraud report.
+/// audit, and a witness's co-signature on a fraud report. Every blob
+/// (payload, state, momentum) is asked for by offset and answered in
+/// [`Response::Part`]s of at most [`PART`] bytes, with u64 sizes: a
+/// download resumes where it stopped, from any holder, and no blob is
+/// bounded by one response.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request {
-    Payload([u8; 32]),
+    /// The payload whose signed bytes hash to `hash`, from `offset` on.
+    Payload {
+        hash: [u8; 32],
+        offset: u64,
+    },
     Manifest {
         step: u32,
     },
     Snapshot {
         step: u32,
-        offset: u32,
+        offset: u64,
     },
     /// The momentum this member committed to in its contribution to `step`
-    /// (answered in chunks, as a snapshot is).
+    /// (answered in parts, as a snapshot is).
     Momentum {
         step: u32,
-        offset: u32,
+        offset: u64,
     },
     /// A Solana transaction message to co-sign (see `Cosigner`).
     Cosign(Vec<u8>),
@@ -461,12 +469,13 @@ pub enum Request {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Response {
-    Payload(Vec<u8>),
     /// The signed manifest envelope.
     Manifest(Vec<u8>),
-    Snapshot {
-        total: u32,
-        offset: u32,
+    /// The piece of a blob of `total` bytes that starts at `offset`: all
+    /// [`PART`] bytes long but the last.
+    Part {
+        total: u64,
+        offset: u64,
         chunk: Vec<u8>,
     },
     /// An ed25519 signature over the message of a `Cosign` request.
@@ -479,18 +488,21 @@ pub enum Response {
 pub const MAX_COSIGN: usize = 1232;
 /// Largest request on the wire: a co-sign request.
 pub const MAX_REQUEST: usize = 1 + MAX_COSIGN;
-/// Snapshots larger than one chunk are fetched in pieces of this size.
-pub const SNAPSHOT_CHUNK: usize = 256 * 1024;
-/// Largest response: a chunk or a payload (the largest model we ship has
-/// 0.2 MB payloads), plus headers.
-pub const MAX_RESPONSE: usize = 1024 * 1024;
+/// Blobs are answered in parts of this size.
+pub const PART: usize = 256 * 1024;
+/// Largest response: a part plus its headers, or a manifest.
+pub const MAX_RESPONSE: usize = PART + 64;
+/// Largest payload a node downloads. A 1.21 B-parameter model's payload at
+/// 4 coefficients per 64 x 64 chunk is 1.96 MB; this leaves room for 30
+/// times more coefficients.
+pub const MAX_PAYLOAD: u64 = 64 << 20;
 
 impl Response {
     /// Bytes of content it carries (headers aside).
     pub fn wire_len(&self) -> usize {
         match self {
-            Response::Payload(b) | Response::Manifest(b) => b.len(),
-            Response::Snapshot { chunk, .. } => chunk.len(),
+            Response::Manifest(b) => b.len(),
+            Response::Part { chunk, .. } => chunk.len(),
             Response::Signature(_) => 64,
             Response::NotFound => 0,
         }
@@ -499,11 +511,12 @@ impl Response {
 
 impl Request {
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(40);
+        let mut out = Vec::with_capacity(48);
         match self {
-            Request::Payload(h) => {
+            Request::Payload { hash, offset } => {
                 out.push(0);
-                out.extend_from_slice(h);
+                out.extend_from_slice(hash);
+                out.extend_from_slice(&offset.to_le_bytes());
             }
             Request::Manifest { step } => {
                 out.push(1);
@@ -529,17 +542,20 @@ impl Request {
     pub fn decode(buf: &[u8]) -> Option<Self> {
         let mut r = Reader::new(buf);
         let req = match r.u8().ok()? {
-            0 => Request::Payload(r.array().ok()?),
+            0 => Request::Payload {
+                hash: r.array().ok()?,
+                offset: r.u64().ok()?,
+            },
             1 => Request::Manifest {
                 step: r.u32().ok()?,
             },
             2 => Request::Snapshot {
                 step: r.u32().ok()?,
-                offset: r.u32().ok()?,
+                offset: r.u64().ok()?,
             },
             3 => Request::Momentum {
                 step: r.u32().ok()?,
-                offset: r.u32().ok()?,
+                offset: r.u64().ok()?,
             },
             4 if buf.len() > 1 && buf.len() <= MAX_REQUEST => {
                 return Some(Request::Cosign(buf[1..].to_vec()));
@@ -554,19 +570,16 @@ impl Response {
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::new();
         match self {
-            Response::Payload(b) => {
-                out.push(0);
-                out.extend_from_slice(b);
-            }
             Response::Manifest(b) => {
                 out.push(1);
                 out.extend_from_slice(b);
             }
-            Response::Snapshot {
+            Response::Part {
                 total,
                 offset,
                 chunk,
             } => {
+                out.reserve(17 + chunk.len());
                 out.push(2);
                 out.extend_from_slice(&total.to_le_bytes());
                 out.extend_from_slice(&offset.to_le_bytes());
@@ -583,12 +596,11 @@ impl Response {
     pub fn decode(buf: &[u8]) -> Option<Self> {
         let (&tag, rest) = buf.split_first()?;
         Some(match tag {
-            0 => Response::Payload(rest.to_vec()),
             1 => Response::Manifest(rest.to_vec()),
-            2 if rest.len() >= 8 => Response::Snapshot {
-                total: u32::from_le_bytes(rest[..4].try_into().ok()?),
-                offset: u32::from_le_bytes(rest[4..8].try_into().ok()?),
-                chunk: rest[8..].to_vec(),
+            2 if rest.len() >= 16 => Response::Part {
+                total: u64::from_le_bytes(rest[..8].try_into().ok()?),
+                offset: u64::from_le_bytes(rest[8..16].try_into().ok()?),
+                chunk: rest[16..].to_vec(),
             },
             3 if rest.is_empty() => Response::NotFound,
             4 => Response::Signature(rest.try_into().ok()?),
@@ -718,11 +730,14 @@ mod tests {
     #[test]
     fn blob_requests_round_trip() {
         for r in [
-            Request::Payload([4; 32]),
+            Request::Payload {
+                hash: [4; 32],
+                offset: 1 << 40,
+            },
             Request::Manifest { step: 3 },
             Request::Snapshot {
                 step: 2,
-                offset: 1 << 18,
+                offset: 1 << 33,
             },
             Request::Momentum { step: 5, offset: 7 },
             Request::Cosign(vec![1; MAX_COSIGN]),
@@ -730,11 +745,10 @@ mod tests {
             assert_eq!(Request::decode(&r.encode()), Some(r));
         }
         for r in [
-            Response::Payload(vec![1, 2]),
             Response::Manifest(vec![3]),
-            Response::Snapshot {
-                total: 10,
-                offset: 4,
+            Response::Part {
+                total: 10 << 32,
+                offset: 4 << 32,
                 chunk: vec![5; 6],
             },
             Response::Signature([8; 64]),

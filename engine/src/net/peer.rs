@@ -26,6 +26,8 @@ pub const USAGE: &str = "usage: cohort-peer --index I --members N [options]
   --join              start by downloading the state from peers
   --arch ARCH         model, e.g. \"gpt l2 d64 h4 s64\"         [tiny]
   --batch B           sequences per member per step           [8]
+  --topk K            coefficients sent per 64x64 chunk        [4]
+  --spill-above BYTES keep states and momenta this large on disk [16777216]
   --rate-mbit X       shape sent bytes to X Mbit/s per peer
   --rtt-ms Y          add Y ms round trip (Y/2 per direction)
   --collect-ms MS     leader's wait for contributions         [3000]
@@ -152,6 +154,8 @@ fn parse(args: &[String]) -> Result<(NodeConfig, BackendChoice), String> {
     let (mut mbit, mut rtt) = (0.0f64, 0u64);
     let mut timing = Timing::default();
     let mut min_peers = 0usize;
+    let mut topk = None;
+    let mut spill_above = node::SPILL_ABOVE;
     let mut backfill_from = None;
     let mut backend = BackendChoice::Cpu;
     let mut defence = node::Defence::default();
@@ -178,6 +182,8 @@ fn parse(args: &[String]) -> Result<(NodeConfig, BackendChoice), String> {
             "--mdns" => mdns = true,
             "--arch" => arch = Some(value()?),
             "--batch" => batch = num(flag, value()?)?,
+            "--topk" => topk = Some(num::<usize>(flag, value()?)?),
+            "--spill-above" => spill_above = num(flag, value()?)?,
             "--rate-mbit" => mbit = num(flag, value()?)?,
             "--rtt-ms" => rtt = num(flag, value()?)?,
             "--collect-ms" => timing.collect = Duration::from_millis(num(flag, value()?)?),
@@ -227,6 +233,14 @@ fn parse(args: &[String]) -> Result<(NodeConfig, BackendChoice), String> {
     }
     train.batch = batch;
     train.micro_batch = batch;
+    if let Some(k) = topk {
+        if !(1..=4096).contains(&k) {
+            return Err(format!(
+                "--topk {k}: expected 1 to 4096 coefficients per chunk"
+            ));
+        }
+        train.compress.topk = k;
+    }
     let job = local_job(&job);
     let keys: Vec<_> = (0..members).map(local_member).collect();
     Ok((
@@ -254,6 +268,7 @@ fn parse(args: &[String]) -> Result<(NodeConfig, BackendChoice), String> {
             pause: Default::default(),
             release_memory_when_paused: false,
             defence,
+            spill_above,
         },
         backend,
     ))

@@ -19,7 +19,7 @@ use libp2p::{
 use std::io;
 use std::time::Duration;
 
-pub const BLOB_PROTOCOL: StreamProtocol = StreamProtocol::new("/cohort/blob/1");
+pub const BLOB_PROTOCOL: StreamProtocol = StreamProtocol::new("/cohort/blob/2");
 const KAD_PROTOCOL: StreamProtocol = StreamProtocol::new("/cohort/kad/1");
 /// Gossip frames above this are dropped by gossipsub itself; between our
 /// own limit and this one they reach the node and are counted.

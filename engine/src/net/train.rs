@@ -120,6 +120,12 @@ pub(crate) fn now_us() -> u64 {
 /// screen compares new payloads with), so a node that syncs screens each
 /// later step exactly as the others do, then the hash of the state the
 /// contributions of the next step were computed on ([`Basis`]).
+/// Bytes [`encode_state`] adds after the trainer's snapshot: reserved up
+/// front, so a model-sized state is never copied to grow by a few bytes.
+fn trailer_len(recent: &BTreeMap<u32, Vec<[u8; 32]>>) -> usize {
+    32 + recent.values().map(|h| 8 + 32 * h.len()).sum::<usize>() + 4
+}
+
 fn encode_state(
     mut trainer_snapshot: Vec<u8>,
     recent: &BTreeMap<u32, Vec<[u8; 32]>>,
@@ -335,7 +341,12 @@ pub(crate) fn train_loop(
     }
     guard.remember(&trainer);
     let publish_state = |t: &Trainer, guard: &Guard, basis: &Basis| {
-        let snapshot = Arc::new(encode_state(t.snapshot(), &guard.recent, basis));
+        let room = trailer_len(&guard.recent);
+        let snapshot = Arc::new(encode_state(
+            t.snapshot_with_room(room),
+            &guard.recent,
+            basis,
+        ));
         let state_hash = *blake3::hash(&snapshot).as_bytes();
         (state_hash, snapshot)
     };
@@ -656,7 +667,14 @@ mod tests {
     fn a_shared_state_carries_the_basis_of_the_next_contributions_and_round_trips() {
         let recent: Recent = [(3, vec![[7; 32], [8; 32]]), (4, vec![])].into();
         let basis = Basis::after(&[9; 32]);
-        let bytes = encode_state(vec![1, 2, 3], &recent, &basis);
+        // The trailer fits the room reserved for it: a model-sized buffer
+        // is never copied to grow.
+        let mut room = Vec::with_capacity(3 + trailer_len(&recent));
+        room.extend_from_slice(&[1, 2, 3]);
+        let capacity = room.capacity();
+        let bytes = encode_state(room, &recent, &basis);
+        assert_eq!(bytes.capacity(), capacity, "grew");
+        assert_eq!(bytes.len(), 3 + trailer_len(&recent));
         let (snapshot, r, b) = decode_state(&bytes).unwrap();
         assert_eq!((snapshot, &r, b), (&[1u8, 2, 3][..], &recent, basis));
         // Another basis is another state: its hash differs.

@@ -12,18 +12,18 @@ impl Net {
         tracing::debug!(
             me = self.cfg.me,
             step,
-            kept = self.snapshots.contains_key(&step),
+            kept = self.snapshots.contains(step),
             "rewinding"
         );
         self.generation += 1;
         // States after `step` are from the abandoned history.
-        self.snapshots.retain(|&s, _| s <= step);
+        self.snapshots.retain(|s| s <= step);
         self.done = None;
-        match self.snapshots.get(&step) {
-            Some(snap) => {
+        match self.snapshots.read(step) {
+            Some(bytes) => {
                 self.applied = step;
                 let _ = self.to_trainer.send(ToTrainer::Snapshot {
-                    bytes: snap.to_vec(),
+                    bytes,
                     generation: self.generation,
                 });
             }
@@ -110,8 +110,8 @@ impl Net {
     /// that trickles costs that long, not the transport's 20 s.
     pub(super) fn send(&mut self, peer: &PeerId, req: Request) -> OutboundRequestId {
         let bytes = match &req {
-            Request::Payload(_) => self.payload_len,
-            Request::Snapshot { .. } | Request::Momentum { .. } => msg::SNAPSHOT_CHUNK as u64,
+            Request::Payload { .. } => self.payload_len.min(msg::PART as u64),
+            Request::Snapshot { .. } | Request::Momentum { .. } => msg::PART as u64,
             Request::Manifest { .. } => msg::MAX_GOSSIP as u64,
             Request::Cosign(_) => 0,
         };
@@ -129,7 +129,7 @@ impl Net {
         if self.cfg.defence.adversary == Some(Mode::SilentReveal) {
             return matches!(req, Request::Momentum { .. });
         }
-        let Request::Payload(hash) = req else {
+        let Request::Payload { hash, .. } = req else {
             return false;
         };
         if self.cfg.defence.adversary != Some(Mode::Stalling) {
@@ -200,10 +200,10 @@ impl Net {
             return Response::NotFound;
         }
         match req {
-            Request::Payload(h) => self
+            Request::Payload { hash, offset } => self
                 .payloads
-                .get(&h)
-                .map_or(Response::NotFound, |b| Response::Payload(b.clone())),
+                .get(&hash)
+                .map_or(Response::NotFound, |b| blobs::part_of(b, offset)),
             // The manifest this node holds for the step now (what it applied,
             // or will): after a rewind or a disqualification that is not
             // the first one it stored.
@@ -214,8 +214,8 @@ impl Net {
                 .map(|(_, raw)| raw)
                 .or_else(|| self.manifests_raw.get(&step))
                 .map_or(Response::NotFound, |b| Response::Manifest(b.clone())),
-            Request::Snapshot { step, offset } => chunk_of(self.snapshots.get(&step), offset),
-            Request::Momentum { step, offset } => chunk_of(self.momenta.get(&step), offset),
+            Request::Snapshot { step, offset } => self.snapshots.part(step, offset),
+            Request::Momentum { step, offset } => self.momenta.part(step, offset),
             Request::Cosign(message) => {
                 let accused: Vec<[u8; 32]> = self
                     .accused_by_me
@@ -250,7 +250,7 @@ impl Net {
             // Past its deadline, and asked again elsewhere meanwhile.
             // A late piece of a momentum: the member is answering, slowly.
             if let Some(k) = self.late_reveals.remove(&id)
-                && matches!(resp, Response::Snapshot { .. })
+                && matches!(resp, Response::Part { .. })
                 && let Some(r) = self.reveals.get_mut(&k)
             {
                 r.progress = Instant::now();
@@ -258,29 +258,32 @@ impl Net {
             // A payload is content-addressed, so a late one is as good as a
             // timely one: on a loaded machine answers come late, and
             // dropping them made the node give up on a manifest every other
-            // node applied.
-            if let Response::Payload(bytes) = resp {
-                self.late_payload(bytes);
+            // node applied. (Only a payload whole in one part: a late part
+            // of a longer one is asked again from where the download is.)
+            if let Response::Part {
+                total,
+                offset: 0,
+                chunk,
+            } = resp
+                && chunk.len() as u64 == total
+            {
+                self.late_payload(chunk);
             }
             return;
         };
         match (p, resp) {
-            (Pending::Payload(hash), Response::Payload(bytes)) => {
-                self.stats.bytes_in += bytes.len() as u64;
-                if *blake3::hash(&bytes).as_bytes() == hash && bytes.len() <= msg::MAX_RESPONSE {
-                    self.payloads.insert(hash, bytes);
-                    let now = self.now();
-                    // A manifest this node had given up on is whole again
-                    // and outranks what it applied.
-                    if let Some(step) = self.machine.on_payload(now, hash) {
-                        self.rewind(step);
-                    }
-                } else {
-                    self.stats.drop(Drop::BadBlob);
-                    self.machine.on_fetch_failed(hash);
-                }
+            (
+                Pending::Payload { hash, from },
+                Response::Part {
+                    total,
+                    offset,
+                    chunk,
+                },
+            ) => {
+                self.stats.bytes_in += chunk.len() as u64;
+                self.on_payload_part(hash, from, total, offset, chunk);
             }
-            (Pending::Payload(hash), _) => self.machine.on_fetch_failed(hash),
+            (Pending::Payload { hash, .. }, _) => self.machine.on_fetch_failed(hash),
             (Pending::Manifest, Response::Manifest(raw)) => {
                 self.stats.bytes_in += raw.len() as u64;
                 match msg::open(&raw).and_then(|s| self.admit(&s).map(|_| s)) {
@@ -308,7 +311,7 @@ impl Net {
             (Pending::Backfill { step, tries }, _) => self.ask_backfill(step, tries + 1),
             (
                 Pending::Snapshot { step, peer },
-                Response::Snapshot {
+                Response::Part {
                     total,
                     offset,
                     chunk,
@@ -325,7 +328,7 @@ impl Net {
                 else {
                     return;
                 };
-                if *want_step != step || offset as usize != buf.len() || total as usize > 1 << 30 {
+                if *want_step != step || offset != buf.len() as u64 || total > self.state_cap {
                     tracing::debug!(
                         me = self.cfg.me,
                         step,
@@ -339,8 +342,8 @@ impl Net {
                 // Progress: the stall watchdog counts from the last chunk.
                 self.sync_requested = Some(Instant::now());
                 buf.extend_from_slice(&chunk);
-                if buf.len() < total as usize && !chunk.is_empty() {
-                    let offset = buf.len() as u32;
+                if (buf.len() as u64) < total && !chunk.is_empty() {
+                    let offset = buf.len() as u64;
                     let id = self.send(&peer, Request::Snapshot { step, offset });
                     self.pending.insert(id, Pending::Snapshot { step, peer });
                     return;
@@ -373,7 +376,7 @@ impl Net {
             (Pending::Snapshot { .. }, _) => {}
             (
                 Pending::Momentum { step, member },
-                Response::Snapshot {
+                Response::Part {
                     total,
                     offset,
                     chunk,
@@ -392,14 +395,73 @@ impl Net {
         }
     }
 
+    /// A part of a payload download from member `from`. Parts must continue
+    /// the bytes held at the size the first one announced; a finished
+    /// payload must hash to what its author signed. A holder that lies
+    /// costs at most one payload's bytes, and the step machine asks the
+    /// next holder.
+    fn on_payload_part(
+        &mut self,
+        hash: [u8; 32],
+        from: u32,
+        total: u64,
+        offset: u64,
+        chunk: Vec<u8>,
+    ) {
+        let (buf, want) = self
+            .partial
+            .entry(hash)
+            .or_insert_with(|| (Vec::new(), total));
+        if offset != buf.len() as u64 {
+            // Not where this download is (an answer to an older request):
+            // asked again, it resumes from the right place.
+            self.machine.on_fetch_failed(hash);
+            return;
+        }
+        let end = offset + chunk.len() as u64;
+        let fits = total == *want
+            && total > 0
+            && total <= msg::MAX_PAYLOAD
+            && end <= total
+            && (chunk.len() == msg::PART || end == total);
+        if !fits {
+            self.partial.remove(&hash);
+            self.stats.drop(Drop::BadBlob);
+            self.machine.on_fetch_failed(hash);
+            return;
+        }
+        buf.extend_from_slice(&chunk);
+        if end < total {
+            let req = Request::Payload { hash, offset: end };
+            if !self.ask(from, req, Pending::Payload { hash, from }) {
+                self.machine.on_fetch_failed(hash);
+            }
+            return;
+        }
+        let bytes = self.partial.remove(&hash).map(|p| p.0).unwrap_or_default();
+        if *blake3::hash(&bytes).as_bytes() == hash {
+            self.payloads.insert(hash, bytes);
+            let now = self.now();
+            // A manifest this node had given up on is whole again and
+            // outranks what it applied.
+            if let Some(step) = self.machine.on_payload(now, hash) {
+                self.rewind(step);
+            }
+        } else {
+            self.stats.drop(Drop::BadBlob);
+            self.machine.on_fetch_failed(hash);
+        }
+    }
+
     /// A payload that answered a request already given up: kept if this
     /// node still wants it.
     fn late_payload(&mut self, bytes: Vec<u8>) {
         self.stats.bytes_in += bytes.len() as u64;
         let hash = *blake3::hash(&bytes).as_bytes();
-        if bytes.len() > msg::MAX_RESPONSE || !self.machine.wants(&hash) {
+        if bytes.len() > msg::PART || !self.machine.wants(&hash) {
             return;
         }
+        self.partial.remove(&hash);
         self.payloads.insert(hash, bytes);
         let now = self.now();
         if let Some(step) = self.machine.on_payload(now, hash) {
@@ -445,7 +507,7 @@ impl Net {
     pub(super) fn on_failure(&mut self, id: OutboundRequestId, why: Failed) {
         self.deadlines.remove(&id);
         match self.pending.remove(&id) {
-            Some(Pending::Payload(h)) => self.machine.on_fetch_failed(h),
+            Some(Pending::Payload { hash, .. }) => self.machine.on_fetch_failed(hash),
             Some(Pending::Snapshot { step, peer }) if self.is_current_download(step, &peer) => {
                 self.retry_snapshot(step)
             }
@@ -454,20 +516,5 @@ impl Net {
             Some(Pending::Cosign { round, member }) => self.on_cosign(round, member, None),
             _ => {}
         }
-    }
-}
-
-/// The piece of a large blob (a state, a momentum) that starts at `offset`.
-pub(super) fn chunk_of(blob: Option<&Arc<Vec<u8>>>, offset: u32) -> Response {
-    match blob {
-        Some(b) if (offset as usize) <= b.len() => {
-            let end = (offset as usize + msg::SNAPSHOT_CHUNK).min(b.len());
-            Response::Snapshot {
-                total: b.len() as u32,
-                offset,
-                chunk: b[offset as usize..end].to_vec(),
-            }
-        }
-        _ => Response::NotFound,
     }
 }

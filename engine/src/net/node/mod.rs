@@ -4,6 +4,7 @@
 //! I/O except where the protocol says it must (the manifest of step t-1
 //! before computing step t+1).
 
+mod blobs;
 mod fetch;
 mod gossip;
 mod witness;
@@ -28,19 +29,34 @@ use libp2p::request_response::{self, OutboundRequestId};
 use libp2p::swarm::SwarmEvent;
 use libp2p::{PeerId, Swarm, ping};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::sync::Arc;
 use std::sync::mpsc as std_mpsc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 use witness::Failed;
 
 enum Pending {
-    Payload([u8; 32]),
+    /// A part of a payload, asked of member `from`.
+    Payload {
+        hash: [u8; 32],
+        from: u32,
+    },
     Manifest,
-    Backfill { step: u32, tries: u32 },
-    Snapshot { step: u32, peer: PeerId },
-    Momentum { step: u32, member: u32 },
-    Cosign { round: u64, member: u32 },
+    Backfill {
+        step: u32,
+        tries: u32,
+    },
+    Snapshot {
+        step: u32,
+        peer: PeerId,
+    },
+    Momentum {
+        step: u32,
+        member: u32,
+    },
+    Cosign {
+        round: u64,
+        member: u32,
+    },
 }
 
 /// A momentum being downloaded for an audit.
@@ -50,7 +66,7 @@ struct Reveal {
     /// The bytes received so far: a retry resumes after them.
     buf: Vec<u8>,
     /// The size the first chunk announced; every later chunk must agree.
-    total: Option<u32>,
+    total: Option<u64>,
     tries: u32,
     /// When the download began or last received a chunk: a member that
     /// does not answer is asked again until [`AUDIT_PATIENCE`] has passed
@@ -108,6 +124,14 @@ struct Net {
     /// Relayed addresses: when each may be dialed again, and the next wait.
     relayed_redial: HashMap<libp2p::Multiaddr, (Instant, Duration)>,
     payloads: HashMap<[u8; 32], Vec<u8>>,
+    /// Payload downloads in progress: the bytes so far and the size their
+    /// first part announced. Payloads are content-addressed, so the next
+    /// holder asked resumes after them.
+    partial: HashMap<[u8; 32], (Vec<u8>, u64)>,
+    /// Largest state a download accepts (the model's weights and shared
+    /// second moment, plus the screen's memory), and a momentum's exact size.
+    state_cap: u64,
+    momentum_len: u64,
     /// The signed manifest this node applied per step, for the whole epoch:
     /// what it serves for a step the step machine no longer keeps (a
     /// restarted member's backfill).
@@ -117,7 +141,7 @@ struct Net {
     ranked_raw: HashMap<[u8; 32], (u32, Vec<u8>)>,
     /// Events raised by the network side (backfill), drained by `run`.
     events: Vec<NodeEvent>,
-    snapshots: BTreeMap<u32, Arc<Vec<u8>>>,
+    snapshots: blobs::BlobStore,
     pending: HashMap<OutboundRequestId, Pending>,
     /// When each pending request is given up (`Timing::deadline`).
     deadlines: HashMap<OutboundRequestId, Instant>,
@@ -149,7 +173,7 @@ struct Net {
     peers_done: std::collections::BTreeSet<u32>,
     /// This member's momentum before each of its recent contributions:
     /// what it reveals when audited.
-    momenta: BTreeMap<u32, Arc<Vec<u8>>>,
+    momenta: blobs::BlobStore,
     /// Momentum downloads for audits: (step, member) → progress.
     reveals: BTreeMap<(u32, u32), Reveal>,
     /// Momentum requests past their deadline → whose reveal they were for:
@@ -239,7 +263,9 @@ impl Net {
             tracing::trace!(me = self.cfg.me, action = ?a);
             match a {
                 Action::Fetch { hash, from } => {
-                    if !self.ask(from, Request::Payload(hash), Pending::Payload(hash)) {
+                    let offset = self.partial.get(&hash).map_or(0, |p| p.0.len() as u64);
+                    let req = Request::Payload { hash, offset };
+                    if !self.ask(from, req, Pending::Payload { hash, from }) {
                         self.machine.on_fetch_failed(hash);
                     }
                 }
@@ -447,9 +473,9 @@ impl Net {
         let keep = self.cfg.epoch_start.map_or(floor, |e| e.min(floor));
         self.manifests_raw.retain(|s, _| *s >= keep);
         self.ranked_raw.retain(|_, (s, _)| *s >= floor);
-        while self.snapshots.len() > 4 {
-            self.snapshots.pop_first();
-        }
+        self.snapshots.keep_latest(4);
+        let machine = &self.machine;
+        self.partial.retain(|h, _| machine.wants(h));
     }
 }
 
@@ -490,6 +516,7 @@ impl Net {
         reports: bool,
     ) -> Self {
         let n = cfg.members.len();
+        let numel = cfg.train.model.num_params() as u64;
         Net {
             machine: StepMachine::new(
                 cfg.job, cfg.epoch, cfg.seed, n as u32, cfg.me, cfg.timing, None,
@@ -506,10 +533,15 @@ impl Net {
             relays: relays_of(cfg.listen.iter().chain(&cfg.bootstrap)),
             relayed_redial: HashMap::new(),
             payloads: HashMap::new(),
+            partial: HashMap::new(),
+            // The weights and the shared second moment, 4 bytes each, and
+            // room for the screen's memory of recent payload hashes.
+            state_cap: 8 * numel + (16 << 20),
+            momentum_len: 4 * numel,
             manifests_raw: BTreeMap::new(),
             ranked_raw: HashMap::new(),
             events: Vec::new(),
-            snapshots: BTreeMap::new(),
+            snapshots: blobs::BlobStore::new("states", cfg.spill_above),
             pending: HashMap::new(),
             deadlines: HashMap::new(),
             payload_len: 64 * 1024,
@@ -531,7 +563,7 @@ impl Net {
             links: HashMap::new(),
             done: None,
             peers_done: Default::default(),
-            momenta: BTreeMap::new(),
+            momenta: blobs::BlobStore::new("momenta", cfg.spill_above),
             reveals: BTreeMap::new(),
             late_reveals: HashMap::new(),
             auditing: BTreeSet::new(),
@@ -708,9 +740,7 @@ impl Net {
             } => {
                 self.stats.compute_secs += compute_secs;
                 self.momenta.insert(announce.step, momentum);
-                while self.momenta.len() > 2 * KEEP as usize {
-                    self.momenta.pop_first();
-                }
+                self.momenta.keep_latest(2 * KEEP as usize);
                 self.next_contribution = announce.step + 1;
                 self.payload_len = bytes.len() as u64;
                 self.own_payloads

@@ -40,7 +40,7 @@ impl Net {
 
     /// Asks `member` for (the rest of) the momentum behind its contribution
     /// to `step`.
-    pub(super) fn ask_momentum(&mut self, step: u32, member: u32, offset: u32) {
+    pub(super) fn ask_momentum(&mut self, step: u32, member: u32, offset: u64) {
         let req = Request::Momentum { step, offset };
         if !self.ask(member, req, Pending::Momentum { step, member }) {
             self.reveal_failed(step, member, Failed::Undelivered);
@@ -117,13 +117,13 @@ impl Net {
     /// their wait is over, from where the download stopped.
     pub(super) fn retry_reveals(&mut self) {
         let now = Instant::now();
-        let due: Vec<(u32, u32, u32)> = self
+        let due: Vec<(u32, u32, u64)> = self
             .reveals
             .iter_mut()
             .filter(|(_, r)| r.retry_at.is_some_and(|t| t <= now))
             .map(|(k, r)| {
                 r.retry_at = None;
-                (k.0, k.1, r.buf.len() as u32)
+                (k.0, k.1, r.buf.len() as u64)
             })
             .collect();
         for (step, member, offset) in due {
@@ -135,8 +135,8 @@ impl Net {
         &mut self,
         step: u32,
         member: u32,
-        total: u32,
-        offset: u32,
+        total: u64,
+        offset: u64,
         chunk: Vec<u8>,
     ) {
         let Some(r) = self.reveals.get_mut(&(step, member)) else {
@@ -144,12 +144,13 @@ impl Net {
         };
         // An honest member serves full chunks (all but the last) of one
         // blob: anything else is a trickle or nonsense, not progress.
-        let end = r.buf.len() + chunk.len();
-        let fits = offset as usize == r.buf.len()
-            && total as usize <= 1 << 30
+        // A momentum has exactly the model's size.
+        let end = (r.buf.len() + chunk.len()) as u64;
+        let fits = offset == r.buf.len() as u64
+            && total == self.momentum_len
             && r.total.is_none_or(|t| t == total)
-            && end <= total as usize
-            && (chunk.len() == msg::SNAPSHOT_CHUNK || end == total as usize);
+            && end <= total
+            && (chunk.len() == msg::PART || end == total);
         if !fits {
             self.stats.drop(Drop::BadBlob);
             self.reveal_failed(step, member, Failed::Answered);
@@ -158,8 +159,8 @@ impl Net {
         r.total = Some(total);
         r.progress = Instant::now();
         r.buf.extend_from_slice(&chunk);
-        if r.buf.len() < total as usize {
-            let next = r.buf.len() as u32;
+        if end < total {
+            let next = end;
             self.ask_momentum(step, member, next);
             return;
         }
