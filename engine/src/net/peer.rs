@@ -241,6 +241,17 @@ fn parse(args: &[String]) -> Result<(NodeConfig, BackendChoice), String> {
         }
         train.compress.topk = k;
     }
+    let shapes: Vec<Vec<usize>> = train.model.shapes().into_iter().map(|(_, s)| s).collect();
+    let layout = crate::compress::Layout::new(&shapes, &train.compress);
+    let payload = crate::wire::payload_len(&layout) as u64;
+    // The signed contribution adds a header and a signature to the payload.
+    if payload + 1024 > msg::MAX_PAYLOAD {
+        return Err(format!(
+            "a payload of this model at top-{} is {payload} bytes, over the {} a member downloads",
+            train.compress.topk,
+            msg::MAX_PAYLOAD
+        ));
+    }
     let job = local_job(&job);
     let keys: Vec<_> = (0..members).map(local_member).collect();
     Ok((

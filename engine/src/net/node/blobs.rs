@@ -4,20 +4,27 @@
 
 use crate::net::msg::{self, Response};
 use std::collections::BTreeMap;
-use std::io::{Read, Seek, SeekFrom};
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 enum Held {
     Memory(Arc<Vec<u8>>),
-    File { path: PathBuf, len: u64 },
+    /// An open file; `path` is None where the file was unlinked once
+    /// written (Unix), so it disappears with the process however it ends.
+    File {
+        file: std::fs::File,
+        path: Option<PathBuf>,
+        len: u64,
+    },
 }
 
 /// Blobs by step, in memory below `spill_above` bytes and on disk from
 /// there on. Files are a cache of what the node would otherwise hold in
-/// RAM: removed when pruned or when the store is dropped, and never read
-/// back after a crash.
+/// RAM: on Unix each is unlinked as soon as it is written and read through
+/// its open handle, so even a killed node leaves none behind; elsewhere
+/// they are removed when pruned or when the store is dropped.
 pub(super) struct BlobStore {
     spill_above: usize,
     dir: PathBuf,
@@ -45,7 +52,8 @@ impl BlobStore {
         self.remove(step);
         let held = if blob.len() >= self.spill_above {
             match self.write(step, &blob) {
-                Ok(path) => Held::File {
+                Ok((file, path)) => Held::File {
+                    file,
                     path,
                     len: blob.len() as u64,
                 },
@@ -60,11 +68,28 @@ impl BlobStore {
         self.held.insert(step, held);
     }
 
-    fn write(&self, step: u32, blob: &[u8]) -> std::io::Result<PathBuf> {
+    fn write(&self, step: u32, blob: &[u8]) -> std::io::Result<(std::fs::File, Option<PathBuf>)> {
         std::fs::create_dir_all(&self.dir)?;
         let path = self.dir.join(format!("{step}.bin"));
-        std::fs::write(&path, blob)?;
-        Ok(path)
+        let written = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .and_then(|mut f| f.write_all(blob).map(|()| f));
+        let file = match written {
+            Ok(f) => f,
+            Err(e) => {
+                // A half-written file (a full disk) must not stay behind.
+                let _ = std::fs::remove_file(&path);
+                return Err(e);
+            }
+        };
+        if cfg!(unix) && std::fs::remove_file(&path).is_ok() {
+            return Ok((file, None));
+        }
+        Ok((file, Some(path)))
     }
 
     pub(super) fn contains(&self, step: u32) -> bool {
@@ -76,9 +101,13 @@ impl BlobStore {
     pub(super) fn read(&self, step: u32) -> Option<Vec<u8>> {
         match self.held.get(&step)? {
             Held::Memory(b) => Some(b.to_vec()),
-            Held::File { path, .. } => std::fs::read(path)
-                .inspect_err(|e| tracing::warn!(step, "kept blob unreadable: {e}"))
-                .ok(),
+            Held::File { file, len, .. } => {
+                let mut out = vec![0; *len as usize];
+                read_at(file, 0, &mut out)
+                    .inspect_err(|e| tracing::warn!(step, "kept blob unreadable: {e}"))
+                    .ok()
+                    .map(|()| out)
+            }
         }
     }
 
@@ -86,14 +115,10 @@ impl BlobStore {
     pub(super) fn part(&self, step: u32, offset: u64) -> Response {
         match self.held.get(&step) {
             Some(Held::Memory(b)) => part_of(b, offset),
-            Some(Held::File { path, len }) if offset <= *len => {
+            Some(Held::File { file, len, .. }) if offset <= *len => {
                 let n = (*len - offset).min(msg::PART as u64) as usize;
                 let mut chunk = vec![0; n];
-                let read = std::fs::File::open(path).and_then(|mut f| {
-                    f.seek(SeekFrom::Start(offset))?;
-                    f.read_exact(&mut chunk)
-                });
-                match read {
+                match read_at(file, offset, &mut chunk) {
                     Ok(()) => Response::Part {
                         total: *len,
                         offset,
@@ -110,7 +135,10 @@ impl BlobStore {
     }
 
     fn remove(&mut self, step: u32) {
-        if let Some(Held::File { path, .. }) = self.held.remove(&step) {
+        if let Some(Held::File {
+            path: Some(path), ..
+        }) = self.held.remove(&step)
+        {
             let _ = std::fs::remove_file(path);
         }
     }
@@ -143,6 +171,13 @@ impl Drop for BlobStore {
         self.clear();
         let _ = std::fs::remove_dir(&self.dir);
     }
+}
+
+/// Reads `out.len()` bytes of `file` from `offset` (one thread owns the
+/// store, so the shared cursor is never raced).
+fn read_at(mut file: &std::fs::File, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
+    file.seek(SeekFrom::Start(offset))?;
+    file.read_exact(out)
 }
 
 /// The part of `blob` that starts at `offset`.
@@ -200,9 +235,15 @@ mod tests {
         let small = blob(999, 2);
         disk.insert(3, big.clone());
         disk.insert(4, small.clone());
-        let file = disk.dir.join("3.bin");
-        assert!(file.exists(), "a blob over the limit is on disk");
-        assert!(!disk.dir.join("4.bin").exists(), "one under it is not");
+        let on_disk = |s: &BlobStore, step| matches!(s.held.get(&step), Some(Held::File { .. }));
+        assert!(on_disk(&disk, 3), "a blob over the limit is on disk");
+        assert!(!on_disk(&disk, 4), "one under it is not");
+        if cfg!(unix) {
+            assert!(
+                !disk.dir.join("3.bin").exists(),
+                "unlinked once written: a killed node leaves no file"
+            );
+        }
         assert_eq!(download(&disk, 3), *big);
         assert_eq!(download(&disk, 4), *small);
         assert_eq!(disk.read(3).as_deref(), Some(&big[..]));
@@ -214,21 +255,21 @@ mod tests {
     }
 
     #[test]
-    fn pruning_removes_the_files_of_the_blobs_it_drops() {
+    fn pruning_drops_blobs_and_leaves_no_file_behind() {
         let mut s = BlobStore::new("test", 0);
         for step in 0..6 {
             s.insert(step, blob(10, step as u8));
         }
         s.keep_latest(4);
         assert!(!s.contains(1) && s.contains(2));
-        assert!(!s.dir.join("1.bin").exists());
         s.retain(|step| step <= 3);
         assert_eq!(s.held.len(), 2);
-        assert!(!s.dir.join("4.bin").exists() && s.dir.join("3.bin").exists());
+        assert_eq!(s.read(3).as_deref(), Some(&blob(10, 3)[..]));
         s.insert(3, blob(12, 9));
         assert_eq!(s.read(3).map(|b| b.len()), Some(12), "replaced");
         s.clear();
         assert!(s.held.is_empty());
-        assert!(!s.dir.join("3.bin").exists());
+        let left = std::fs::read_dir(&s.dir).map_or(0, |d| d.count());
+        assert_eq!(left, 0, "no file outlives its blob");
     }
 }

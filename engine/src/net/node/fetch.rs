@@ -328,7 +328,14 @@ impl Net {
                 else {
                     return;
                 };
-                if *want_step != step || offset != buf.len() as u64 || total > self.state_cap {
+                let end = offset + chunk.len() as u64;
+                let whole_part = chunk.len() == msg::PART || end == total;
+                if *want_step != step
+                    || offset != buf.len() as u64
+                    || total > self.state_cap
+                    || end > total
+                    || !whole_part
+                {
                     tracing::debug!(
                         me = self.cfg.me,
                         step,
@@ -398,8 +405,8 @@ impl Net {
     /// A part of a payload download from member `from`. Parts must continue
     /// the bytes held at the size the first one announced; a finished
     /// payload must hash to what its author signed. A holder that lies
-    /// costs at most one payload's bytes, and the step machine asks the
-    /// next holder.
+    /// costs at most one payload's bytes (at most [`msg::MAX_PAYLOAD`]),
+    /// and the step machine asks the next holder.
     fn on_payload_part(
         &mut self,
         hash: [u8; 32],
@@ -408,10 +415,27 @@ impl Net {
         offset: u64,
         chunk: Vec<u8>,
     ) {
-        let (buf, want) = self
-            .partial
-            .entry(hash)
-            .or_insert_with(|| (Vec::new(), total));
+        if !self.machine.wants(&hash) {
+            // Pruned or already held: nothing to resume.
+            self.partial.remove(&hash);
+            return;
+        }
+        if offset == 0 {
+            // A download starts over with the size its first part states.
+            self.partial.insert(hash, (Vec::new(), total));
+        }
+        let Some((buf, want)) = self.partial.get_mut(&hash) else {
+            self.machine.on_fetch_failed(hash);
+            return;
+        };
+        if total != *want {
+            // This holder and an earlier one disagree on the size: which
+            // one lies is only known once a payload hashes right, so the
+            // next holder starts over.
+            self.partial.remove(&hash);
+            self.machine.on_fetch_failed(hash);
+            return;
+        }
         if offset != buf.len() as u64 {
             // Not where this download is (an answer to an older request):
             // asked again, it resumes from the right place.
@@ -419,8 +443,7 @@ impl Net {
             return;
         }
         let end = offset + chunk.len() as u64;
-        let fits = total == *want
-            && total > 0
+        let fits = total > 0
             && total <= msg::MAX_PAYLOAD
             && end <= total
             && (chunk.len() == msg::PART || end == total);
