@@ -31,7 +31,8 @@ const USAGE: &str = "usage: cohort-bench <convergence|engine|efficiency|simulate
   efficiency   member processes over libp2p, shaped links vs the same processes on loopback
                flags: --members (cores) --steps --arch --batch --mbit --rtt-ms --slow-rtt-ms (0: ≈ compute) --warmup --repeats 3
   simulate     the step protocol in virtual time: 48 nodes and 1,000 nodes
-               flags: --arch --gpus-per-node --gpu-tflops --mfu --tokens-per-gpu --steps ...
+               flags: --arch --gpus-per-node --gpu-tflops --mfu --tokens-per-gpu --steps
+               --collect-secs 3 --fetch-failure 0.01 ...
   large-model  a ~100 M-parameter job as 3 processes, one joining late: parts over 1 MiB,
                peak memory per process, states on disk vs in memory
                flags: --arch \"gpt l8 d1024 h16 s64\" --topk 32 --steps 6 --batch 1 --join-at 2

@@ -29,6 +29,7 @@ const FLAGS: &[&str] = &[
     "large-nodes",
     "large-steps",
     "collect-secs",
+    "fetch-failure",
 ];
 
 pub fn run(raw: &[String]) -> Result<()> {
@@ -60,6 +61,10 @@ pub fn run(raw: &[String]) -> Result<()> {
         anyhow::bail!("--collect-secs {collect}: expected a finite number of seconds ≥ 0");
     };
     let timing = Timing { collect, ..shipped };
+    let fetch_failure: f64 = a.get("fetch-failure", 0.01)?;
+    if !(0.0..1.0).contains(&fetch_failure) {
+        anyhow::bail!("--fetch-failure {fetch_failure}: expected a share in [0, 1)");
+    }
     let assumptions = vec![
         format!("model `{arch}`: {:.2} B parameters, byte-level tokens", params / 1e9),
         format!(
@@ -78,7 +83,12 @@ pub fn run(raw: &[String]) -> Result<()> {
             "home links per node: uplink uniform {}–{} Mbit/s, downlink {}–{} Mbit/s, one-way latency to the core {}–{} ms (node to node: sum of both ends)",
             up.0, up.1, down.0, down.1, latency.0, latency.1
         ),
-        "transfers: every member fetches every payload from its author (FIFO on the author's uplink and the fetcher's downlink); announcements and manifests are gossiped directly; a manifest is 200 B + 36 B per member, as on the wire (which admits up to 1,024 members)".into(),
+        "transfers: every member fetches every payload from its author, whose uplink is shared equally by the payloads it is sending at once (as TCP connections and yamux streams share it); the fetcher's downlink receives them first come, first served; announcements and manifests are gossiped directly; a manifest is 200 B + 36 B per member, as on the wire (which admits up to 1,024 members)".into(),
+        format!(
+            "failed fetches: {:.1}% of payload requests get no answer (`--fetch-failure`; an assumption, not a measurement); the asker learns at its deadline for the payload's first part (`Timing::deadline`, {:.2} s) and the step machine asks the next holder",
+            100.0 * fetch_failure,
+            timing.deadline(payload.min(cohort_engine::net::msg::PART as u64)).as_secs_f64()
+        ),
         "runs: 48 nodes for `--steps` steps, `--large-nodes` (1,000) for `--large-steps` steps; each also at 4× tokens per step (4× compute, same payload)".into(),
         "baseline: the same simulation with zero latency and unlimited bandwidth (stragglers and apply time included in both)".into(),
         format!(
@@ -95,7 +105,7 @@ pub fn run(raw: &[String]) -> Result<()> {
             timing.fallback.as_secs_f64()
         ),
         "*contributed-token efficiency*: contributions in the manifests the nodes applied per second (each is one member's tokens for one step), divided by the same in the run with no network cost; a payload left out of its step's manifest was computed for nothing. *Step-time ratio*: seconds per step with no network ÷ with home links".into(),
-        "not modelled (the simulator is still kinder than the node here): failed or timed-out fetches and re-asking another holder, uplinks shared fairly between requests (they are first-in-first-out here), audits, reveals, heartbeats and rewinds".into(),
+        "not modelled (the simulator is still kinder than the node here): audits, reveals, heartbeats and rewinds; gossip costs no uplink share".into(),
     ];
     println!("simulate: assumptions");
     for l in &assumptions {
@@ -123,7 +133,8 @@ pub fn run(raw: &[String]) -> Result<()> {
         .num("down_mbit_hi", down.1)
         .num("latency_ms_lo", latency.0)
         .num("latency_ms_hi", latency.1)
-        .num("collect_secs", timing.collect.as_secs_f64());
+        .num("collect_secs", timing.collect.as_secs_f64())
+        .num("fetch_failure", fetch_failure);
     let large: u32 = a.get("large-nodes", 1000)?;
     let large_steps: u32 = a.get("large-steps", 4)?;
     // (label, key, nodes, steps, compute multiplier): the two deployments the
@@ -177,6 +188,7 @@ pub fn run(raw: &[String]) -> Result<()> {
             down_mbit: down,
             latency_ms: latency,
             gossip_bytes: 200 + 36 * nodes as u64,
+            fetch_failure,
             seed: 42,
             timing,
         };

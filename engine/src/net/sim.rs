@@ -3,6 +3,11 @@
 //! gossip are modeled. Run once with the modeled network and once with a
 //! free network (zero latency, unlimited bandwidth): their ratio is the
 //! protocol's throughput efficiency at that scale.
+//!
+//! A holder's uplink is shared fairly by the payloads it is sending at
+//! once (as TCP and yamux streams share a link), not served one after
+//! another; a share of fetches fails, and fails only at the node's own
+//! request deadline, after which the step machine asks the next holder.
 
 use super::msg::{Announce, Manifest};
 use super::step::{Action, StepMachine, Timing};
@@ -31,6 +36,10 @@ pub struct SimConfig {
     pub latency_ms: (f64, f64),
     /// Bytes of an announcement or manifest on the wire.
     pub gossip_bytes: u64,
+    /// Share of payload requests that never get an answer (a dropped
+    /// connection, a holder gone or overloaded): the asker learns only at
+    /// its request deadline for the payload's first part ([`Timing::deadline`]).
+    pub fetch_failure: f64,
     pub seed: u64,
     pub timing: Timing,
 }
@@ -75,12 +84,46 @@ impl Rng {
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 enum Ev {
-    ComputeDone { node: u32, step: u32 },
-    Announce { node: u32, from: u32, step: u32 },
-    Payload { node: u32, hash: [u8; 32] },
-    Manifest { node: u32, step: u32, idx: usize },
-    Tick { node: u32 },
-    ApplyDone { node: u32 },
+    ComputeDone {
+        node: u32,
+        step: u32,
+    },
+    Announce {
+        node: u32,
+        from: u32,
+        step: u32,
+    },
+    Payload {
+        node: u32,
+        hash: [u8; 32],
+    },
+    /// A request for `hash` reaches its holder `node`, for `to`.
+    Request {
+        node: u32,
+        to: u32,
+        hash: [u8; 32],
+    },
+    /// The earliest of `node`'s uploads may be done (stale unless
+    /// `version` is the uplink's current one).
+    UplinkDone {
+        node: u32,
+        version: u64,
+    },
+    FetchFailed {
+        node: u32,
+        hash: [u8; 32],
+    },
+    Manifest {
+        node: u32,
+        step: u32,
+        idx: usize,
+    },
+    Tick {
+        node: u32,
+    },
+    ApplyDone {
+        node: u32,
+    },
 }
 
 struct Node {
@@ -89,7 +132,7 @@ struct Node {
     up: f64,
     down: f64,
     latency: f64,
-    up_free: f64,
+    uplink: Uplink,
     down_free: f64,
     applied: u32,
     /// Entries of the manifests this node applied.
@@ -100,6 +143,58 @@ struct Node {
     compute_total: f64,
     done_at: Option<f64>,
     tick_at: f64,
+}
+
+/// Payloads a holder is sending at once, each getting an equal share of
+/// its uplink (processor sharing).
+#[derive(Default)]
+struct Uplink {
+    /// (receiver, payload, bytes left to send).
+    active: Vec<(u32, [u8; 32], f64)>,
+    /// When `active`'s bytes left were last brought up to date.
+    last: f64,
+    version: u64,
+}
+
+impl Uplink {
+    /// Sends at `rate` bytes/s, shared, from `last` until `now`.
+    fn advance(&mut self, now: f64, rate: f64) {
+        if !self.active.is_empty() {
+            let each = (now - self.last) * rate / self.active.len() as f64;
+            for t in &mut self.active {
+                t.2 -= each;
+            }
+        }
+        self.last = now;
+    }
+
+    /// When the transfer nearest to done will be, at today's sharing.
+    fn next_done(&mut self, now: f64, rate: f64) -> Option<(f64, u64)> {
+        self.version += 1;
+        let least = self
+            .active
+            .iter()
+            .map(|t| t.2)
+            .fold(f64::INFINITY, f64::min);
+        least.is_finite().then(|| {
+            (
+                now + least.max(0.0) * self.active.len() as f64 / rate,
+                self.version,
+            )
+        })
+    }
+
+    /// Takes the transfers that are done, or would be within a microsecond
+    /// at `rate`: event times are rounded down to the nanosecond, so a
+    /// transfer's last bytes must not need an event of their own (that
+    /// event could fall at the same instant, forever).
+    fn take_done(&mut self, rate: f64) -> Vec<(u32, [u8; 32])> {
+        let n = self.active.len() as f64;
+        let (done, left): (Vec<_>, Vec<_>) =
+            self.active.drain(..).partition(|t| t.2 * n / rate <= 1e-6);
+        self.active = left;
+        done.into_iter().map(|t| (t.0, t.1)).collect()
+    }
 }
 
 fn hash_of(step: u32, member: u32) -> [u8; 32] {
@@ -126,7 +221,7 @@ pub fn simulate(cfg: &SimConfig, free_network: bool) -> SimResult {
             up: rng.uniform(cfg.up_mbit) * 1e6 / 8.0,
             down: rng.uniform(cfg.down_mbit) * 1e6 / 8.0,
             latency: rng.uniform(cfg.latency_ms) / 1e3,
-            up_free: 0.0,
+            uplink: Uplink::default(),
             down_free: 0.0,
             applied: 0,
             contributions: 0,
@@ -177,6 +272,9 @@ pub fn simulate(cfg: &SimConfig, free_network: bool) -> SimResult {
             Ev::ComputeDone { node, .. }
             | Ev::Announce { node, .. }
             | Ev::Payload { node, .. }
+            | Ev::Request { node, .. }
+            | Ev::UplinkDone { node, .. }
+            | Ev::FetchFailed { node, .. }
             | Ev::Manifest { node, .. }
             | Ev::Tick { node }
             | Ev::ApplyDone { node } => *node,
@@ -209,6 +307,34 @@ pub fn simulate(cfg: &SimConfig, free_network: bool) -> SimResult {
             Ev::Payload { hash, .. } => {
                 let _ = nodes[node as usize].machine.on_payload(d, hash);
             }
+            Ev::FetchFailed { hash, .. } => nodes[node as usize].machine.on_fetch_failed(hash),
+            Ev::Request { to, hash, .. } => {
+                let src = &mut nodes[node as usize];
+                src.uplink.advance(now, src.up);
+                src.uplink.active.push((to, hash, cfg.payload_bytes as f64));
+                if let Some((t, version)) = src.uplink.next_done(now, src.up) {
+                    push(&mut queue, t, Ev::UplinkDone { node, version });
+                }
+            }
+            Ev::UplinkDone { version, .. } if version == nodes[node as usize].uplink.version => {
+                let src = &mut nodes[node as usize];
+                src.uplink.advance(now, src.up);
+                let done = src.uplink.take_done(src.up);
+                if let Some((t, version)) = src.uplink.next_done(now, src.up) {
+                    push(&mut queue, t, Ev::UplinkDone { node, version });
+                }
+                // Sent: it crosses the network, then the receiver's
+                // downlink (first come, first served).
+                for (to, hash) in done {
+                    let lat = link(&nodes, node, to);
+                    let dst = &mut nodes[to as usize];
+                    let bytes = cfg.payload_bytes as f64;
+                    let recv = (now + lat).max(dst.down_free + bytes / dst.down);
+                    dst.down_free = recv;
+                    push(&mut queue, recv, Ev::Payload { node: to, hash });
+                }
+            }
+            Ev::UplinkDone { .. } => {}
             Ev::Manifest { idx, .. } => {
                 nodes[node as usize]
                     .machine
@@ -228,23 +354,27 @@ pub fn simulate(cfg: &SimConfig, free_network: bool) -> SimResult {
         for a in actions {
             match a {
                 Action::Fetch { hash, from } => {
-                    // Request reaches the holder, its uplink serializes the
-                    // payload, our downlink receives it.
-                    let lat = link(&nodes, node, from);
-                    let bytes = cfg.payload_bytes as f64;
-                    let at = if free_network {
-                        now
+                    if free_network {
+                        push(&mut queue, now, Ev::Payload { node, hash });
+                    } else if rng.next() < cfg.fetch_failure {
+                        // A holder that never answers fails the first part's request.
+                        let first_part = cfg.payload_bytes.min(super::msg::PART as u64);
+                        let wait = secs(cfg.timing.deadline(first_part));
+                        push(&mut queue, now + wait, Ev::FetchFailed { node, hash });
                     } else {
-                        let src = &mut nodes[from as usize];
-                        let start = (now + lat).max(src.up_free);
-                        src.up_free = start + bytes / src.up;
-                        let sent = src.up_free;
-                        let dst = &mut nodes[node as usize];
-                        let recv = (sent + lat).max(dst.down_free + bytes / dst.down);
-                        dst.down_free = recv;
-                        recv
-                    };
-                    push(&mut queue, at, Ev::Payload { node, hash });
+                        // The request reaches the holder, whose uplink
+                        // sends the payload alongside its other uploads.
+                        let at = now + link(&nodes, node, from);
+                        push(
+                            &mut queue,
+                            at,
+                            Ev::Request {
+                                node: from,
+                                to: node,
+                                hash,
+                            },
+                        );
+                    }
                 }
                 Action::Publish(m) => {
                     contributors.0 += m.entries.len() as u64;
@@ -347,6 +477,7 @@ mod tests {
             down_mbit: (100.0, 300.0),
             latency_ms: (5.0, 40.0),
             gossip_bytes: 300,
+            fetch_failure: 0.0,
             seed: 1,
             timing: Timing::default(),
         }
@@ -401,6 +532,43 @@ mod tests {
         let r = simulate(&c, false);
         assert_eq!(r.steps, 3);
         assert!(r.contributors >= 1.0, "{r:?}");
+    }
+
+    #[test]
+    fn an_uplink_is_shared_by_the_payloads_it_sends_at_once() {
+        // Two equal transfers started together on a 100 B/s link both
+        // finish at 2 s, not one at 1 s and the other at 2 s.
+        let mut u = Uplink::default();
+        u.active.push((1, [1; 32], 100.0));
+        u.active.push((2, [2; 32], 100.0));
+        let (t, _) = u.next_done(0.0, 100.0).unwrap();
+        assert!((t - 2.0).abs() < 1e-9, "{t}");
+        // A third joins at 1 s with 100 bytes: the first two have 50 left,
+        // so they finish at 2.5 s and the newcomer after them, at 3 s.
+        u.advance(1.0, 100.0);
+        u.active.push((3, [3; 32], 100.0));
+        let (t, v) = u.next_done(1.0, 100.0).unwrap();
+        assert!((t - 2.5).abs() < 1e-9, "{t}");
+        u.advance(t, 100.0);
+        assert_eq!(u.take_done(100.0).len(), 2);
+        let (t, v2) = u.next_done(2.5, 100.0).unwrap();
+        assert!((t - 3.0).abs() < 1e-9 && v2 > v, "{t}");
+    }
+
+    #[test]
+    fn failed_fetches_cost_contributions() {
+        let c = cfg(8);
+        let base = simulate(&c, false);
+        let mut lossy = c.clone();
+        lossy.fetch_failure = 0.3;
+        let r = simulate(&lossy, false);
+        assert!(
+            r.applied_contributions < base.applied_contributions,
+            "{base:?} {r:?}"
+        );
+        // (A node that gave up on a manifest the others applied heals in
+        // the real node by heartbeats and a state download, which are not
+        // simulated: here it stays behind, and `steps` shows it.)
     }
 
     #[test]
