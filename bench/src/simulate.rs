@@ -237,10 +237,11 @@ pub fn run(raw: &[String]) -> Result<()> {
     let seed48 = results.iter().find(|r| r.0 == "seed48");
     if let Some((_, nodes, free, net)) = seed48 {
         md.push_str(&format!(
-            "\nWhere the contributions go, at 48 nodes and 1× tokens: with no network cost a manifest lists {:.1} of {nodes} contributions (the leader publishes {:.0} s after the first announcement of the step, and members' compute times spread by ±15% and ±5% a step); over home links it lists {:.1}, because payloads queue on the authors' uplinks. Every contribution left out was computed for nothing. The step-time ratio, the figure this table used to report alone, calls runs efficient whose manifests carry almost nothing.\n",
+            "\nWhere the contributions go, at 48 nodes and 1× tokens: with no network cost a manifest lists {:.1} of {nodes} contributions (the leader publishes {:.0} s after the first announcement of the step, and members' compute times spread by ±15% and ±5% a step); over home links it lists {:.1}: an author's uplink is shared by every copy of its payload it sends at once, so the copies arrive together, at the mean uplink {:.1} s after they were all asked for, and a leader lists only what arrived within its window. Every contribution left out was computed for nothing. The step-time ratio, the figure this table used to report alone, calls runs efficient whose manifests carry almost nothing.\n",
             free.contributors,
             timing.collect.as_secs_f64(),
             net.contributors,
+            payload as f64 * (nodes - 1) as f64 / median_up,
         ));
     }
     md.push_str(&format!(
