@@ -5,11 +5,10 @@
 //! and connection set-up are excluded from every variant alike).
 
 use crate::args::Args;
+use crate::peers;
 use crate::report::{self, Figures};
 use anyhow::{Context, Result, bail};
 use cohort_engine::model::ModelConfig;
-use cohort_engine::net::peer::local_member;
-use cohort_engine::net::swarm::peer_id;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Instant;
@@ -56,10 +55,7 @@ struct Measured {
 }
 
 fn field(line: &str, key: &str) -> Option<f64> {
-    let start = line.find(&format!("\"{key}\":"))? + key.len() + 3;
-    let rest = line[start..].trim_start_matches('"');
-    let end = rest.find(['"', ',', '}']).unwrap_or(rest.len());
-    rest[..end].parse().ok()
+    peers::field(line, key)?.parse().ok()
 }
 
 fn tokens_per_step(s: &Settings) -> Result<f64> {
@@ -69,13 +65,7 @@ fn tokens_per_step(s: &Settings) -> Result<f64> {
 
 fn processes(s: &Settings, link: Option<Link>) -> Result<Measured> {
     let exe = std::env::current_exe()?;
-    let ports: Vec<u16> = (0..s.members)
-        .map(|_| {
-            std::net::TcpListener::bind("127.0.0.1:0")
-                .and_then(|l| l.local_addr())
-                .map(|a| a.port())
-        })
-        .collect::<std::io::Result<_>>()?;
+    let ports = peers::free_ports(s.members)?;
     let mut children = Vec::new();
     let mut readers = Vec::new();
     for i in 0..s.members {
@@ -92,12 +82,7 @@ fn processes(s: &Settings, link: Option<Link>) -> Result<Measured> {
             c.args(["--rate-mbit", &l.mbit.to_string()])
                 .args(["--rtt-ms", &l.rtt_ms.to_string()]);
         }
-        for (j, p) in ports.iter().enumerate() {
-            if j != i {
-                let id = peer_id(&local_member(j).1).context("member key")?;
-                c.args(["--peer", &format!("/ip4/127.0.0.1/tcp/{p}/p2p/{id}")]);
-            }
-        }
+        peers::dial_others(&mut c, &ports, i)?;
         let mut child = c.spawn().context("spawning a member process")?;
         let out = child.stdout.take().context("member stdout")?;
         readers.push(std::thread::spawn(move || {

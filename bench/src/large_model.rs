@@ -6,12 +6,11 @@
 //! memory (the baseline), same job, same settings, one after the other.
 
 use crate::args::Args;
+use crate::peers::{self, field};
 use crate::report::{self, Figures};
 use anyhow::{Context, Result, bail};
 use cohort_engine::compress::{CompressConfig, Layout};
 use cohort_engine::model::ModelConfig;
-use cohort_engine::net::peer::local_member;
-use cohort_engine::net::swarm::peer_id;
 use cohort_engine::wire;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -42,13 +41,6 @@ struct Member {
 struct Job {
     members: Vec<Member>,
     secs: f64,
-}
-
-fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
-    let start = line.find(&format!("\"{key}\":"))? + key.len() + 3;
-    let rest = line[start..].trim_start_matches('"');
-    let end = rest.find(['"', ',', '}']).unwrap_or(rest.len());
-    Some(&rest[..end])
 }
 
 fn num(line: &str, key: &str) -> f64 {
@@ -85,12 +77,7 @@ fn spawn(s: &Settings, i: usize, ports: &[u16], spill_above: u64) -> Result<Runn
     } else {
         c.args(["--min-peers", "1"]);
     }
-    for (j, p) in ports.iter().enumerate() {
-        if j != i {
-            let id = peer_id(&local_member(j).1).context("member key")?;
-            c.args(["--peer", &format!("/ip4/127.0.0.1/tcp/{p}/p2p/{id}")]);
-        }
-    }
+    peers::dial_others(&mut c, ports, i)?;
     let mut child = c.spawn().context("spawning a member process")?;
     let out = child.stdout.take().context("member stdout")?;
     let lines = Arc::new(Mutex::new(Vec::new()));
@@ -123,13 +110,7 @@ fn applied(lines: &Mutex<Vec<String>>) -> Option<u32> {
 /// Runs the job once; members 0 and 1 from the start, the joiner once
 /// member 0 has applied step `join_at`.
 fn job(s: &Settings, spill_above: u64) -> Result<Job> {
-    let ports: Vec<u16> = (0..MEMBERS)
-        .map(|_| {
-            std::net::TcpListener::bind("127.0.0.1:0")
-                .and_then(|l| l.local_addr())
-                .map(|a| a.port())
-        })
-        .collect::<std::io::Result<_>>()?;
+    let ports = peers::free_ports(MEMBERS)?;
     let started = Instant::now();
     let mut running = vec![
         spawn(s, 0, &ports, spill_above)?,

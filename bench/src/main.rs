@@ -11,6 +11,7 @@ mod convergence;
 mod efficiency;
 mod engine;
 mod large_model;
+mod peers;
 mod plot;
 mod report;
 mod runlog;
