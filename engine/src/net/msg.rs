@@ -497,6 +497,15 @@ pub const MAX_RESPONSE: usize = PART + 64;
 /// times more coefficients.
 pub const MAX_PAYLOAD: u64 = 64 << 20;
 
+/// Whether a part of `len` bytes at `offset` of a blob of `total` bytes
+/// continues a download that holds `held` bytes: it starts where they end,
+/// stays within the blob, and is full unless it is the last. The one rule
+/// every blob download (payload, state, momentum) checks parts against.
+pub fn part_continues(held: usize, total: u64, offset: u64, len: usize) -> bool {
+    let end = offset + len as u64;
+    offset == held as u64 && end <= total && (len == PART || end == total)
+}
+
 impl Response {
     /// Bytes of content it carries (headers aside).
     pub fn wire_len(&self) -> usize {
@@ -725,6 +734,25 @@ mod tests {
             open(&full(MAX_MANIFEST_ENTRIES + 1)).map(|_| ()),
             Err(Drop::Malformed)
         );
+    }
+
+    #[test]
+    fn a_part_continues_a_download_only_where_it_ends_full_or_last() {
+        assert!(part_continues(0, 3 * PART as u64, 0, PART));
+        assert!(
+            part_continues(PART, PART as u64 + 5, PART as u64, 5),
+            "the last part"
+        );
+        assert!(
+            !part_continues(PART, 3 * PART as u64, 0, PART),
+            "an old part"
+        );
+        assert!(
+            !part_continues(0, 3 * PART as u64, 0, 5),
+            "a short part before the last"
+        );
+        assert!(!part_continues(0, 5, 0, 6), "past the end");
+        assert!(part_continues(7, 7, 7, 0), "nothing left");
     }
 
     #[test]

@@ -328,13 +328,9 @@ impl Net {
                 else {
                     return;
                 };
-                let end = offset + chunk.len() as u64;
-                let whole_part = chunk.len() == msg::PART || end == total;
                 if *want_step != step
-                    || offset != buf.len() as u64
                     || total > self.state_cap
-                    || end > total
-                    || !whole_part
+                    || !msg::part_continues(buf.len(), total, offset, chunk.len())
                 {
                     tracing::debug!(
                         me = self.cfg.me,
@@ -445,8 +441,7 @@ impl Net {
         let end = offset + chunk.len() as u64;
         let fits = total > 0
             && total <= msg::MAX_PAYLOAD
-            && end <= total
-            && (chunk.len() == msg::PART || end == total);
+            && msg::part_continues(buf.len(), total, offset, chunk.len());
         if !fits {
             self.partial.remove(&hash);
             self.stats.drop(Drop::BadBlob);

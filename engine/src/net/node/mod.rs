@@ -65,8 +65,6 @@ struct Reveal {
     hash: [u8; 32],
     /// The bytes received so far: a retry resumes after them.
     buf: Vec<u8>,
-    /// The size the first chunk announced; every later chunk must agree.
-    total: Option<u64>,
     tries: u32,
     /// When the download began or last received a chunk: a member that
     /// does not answer is asked again until [`AUDIT_PATIENCE`] has passed

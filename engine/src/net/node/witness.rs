@@ -27,7 +27,6 @@ impl Net {
         let r = Reveal {
             hash,
             buf: Vec::new(),
-            total: None,
             tries: 0,
             progress: Instant::now(),
             retry_at: None,
@@ -73,7 +72,6 @@ impl Net {
             Failed::Answered => {
                 r.refused = true;
                 r.buf.clear();
-                r.total = None;
             }
             Failed::TimedOut if connected => r.silent += 1,
             Failed::TimedOut | Failed::Undelivered => {}
@@ -142,21 +140,17 @@ impl Net {
         let Some(r) = self.reveals.get_mut(&(step, member)) else {
             return;
         };
-        // An honest member serves full chunks (all but the last) of one
-        // blob: anything else is a trickle or nonsense, not progress.
-        // A momentum has exactly the model's size.
-        let end = (r.buf.len() + chunk.len()) as u64;
-        let fits = offset == r.buf.len() as u64
-            && total == self.momentum_len
-            && r.total.is_none_or(|t| t == total)
-            && end <= total
-            && (chunk.len() == msg::PART || end == total);
-        if !fits {
+        // An honest member serves full parts of one blob, and a momentum
+        // has exactly the model's size: anything else is a trickle or
+        // nonsense, not progress.
+        let end = offset + chunk.len() as u64;
+        if total != self.momentum_len
+            || !msg::part_continues(r.buf.len(), total, offset, chunk.len())
+        {
             self.stats.drop(Drop::BadBlob);
             self.reveal_failed(step, member, Failed::Answered);
             return;
         }
-        r.total = Some(total);
         r.progress = Instant::now();
         r.buf.extend_from_slice(&chunk);
         if end < total {
