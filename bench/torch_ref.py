@@ -2,7 +2,7 @@
 """The same byte-level GPT as cohort-engine's model, in PyTorch, timed the
 same way: training tokens per second for one member's step.
 
-Prints one JSON line. Needs `pip install torch` (CPU is enough).
+Prints one JSON line. Needs `pip install torch` (CPU is enough; `--device cuda` times it on the GPU).
 """
 import argparse
 import json
@@ -63,14 +63,21 @@ def main():
     p.add_argument("--batch", type=int, required=True)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
     a = p.parse_args()
     if a.threads > 0:
         torch.set_num_threads(a.threads)
     torch.manual_seed(0)
-    model = Gpt(a.layers, a.d_model, a.heads, a.seq)
+    dev = torch.device(a.device)
+    model = Gpt(a.layers, a.d_model, a.heads, a.seq).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
-    x = torch.randint(0, 256, (a.batch, a.seq))
-    y = torch.randint(0, 256, (a.batch, a.seq))
+    x = torch.randint(0, 256, (a.batch, a.seq), device=dev)
+    y = torch.randint(0, 256, (a.batch, a.seq), device=dev)
+
+    def sync():
+        # GPU work is queued: a step is done when the device says so.
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
 
     def step(update):
         loss = model(x, y)
@@ -82,16 +89,19 @@ def main():
 
     for _ in range(3):
         step(True)
+    sync()
     out = {}
     for name, update in (("full", True), ("grad", False)):
         t0 = time.perf_counter()
         for _ in range(a.steps):
             step(update)
+        sync()
         dt = (time.perf_counter() - t0) / a.steps
         out[f"step_secs_{name}"] = dt
         out[f"tokens_per_sec_{name}"] = a.batch * a.seq / dt
     out["torch_version"] = torch.__version__
     out["threads"] = torch.get_num_threads()
+    out["device"] = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
     out["params"] = sum(p.numel() for p in model.parameters())
     assert math.isfinite(out["tokens_per_sec_full"])
     print(json.dumps(out))

@@ -5,10 +5,17 @@
 #   cargo build --release -p cohort-bench
 #   cargo test --release -p cohort-engine --test training --no-run   # note the test binary path
 # then run: scripts/gpu-check.sh [path/to/cohort-bench] [path/to/training-test-binary]
+# A binary run away from the tree it was built in writes its figures under
+# $COHORT_REPO_ROOT (this checkout) and stamps them with $COHORT_COMMIT when
+# the copy has no git history.
 # Figures land in docs/bench/engine-{cuda,wgpu}.json and docs/benchmarks.md,
 # and, when $OUT is set, copies of them and the logs in $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+export COHORT_REPO_ROOT=$PWD
+# Vulkan for wgpu: the NVIDIA driver's ICD where the loader finds none.
+icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+[ -f "$icd" ] && export VK_DRIVER_FILES=${VK_DRIVER_FILES:-$icd}
 bench=${1:-target/release/cohort-bench}
 tests=${2:-}
 out=${OUT:-target/gpu-check}
@@ -29,12 +36,12 @@ if ! python3 -c "import torch" 2>/dev/null; then
 fi
 for backend in cuda wgpu; do
   echo "== engine bench on $backend"
-  timeout 240 "$bench" engine --backend "$backend" --arch "$arch" --batch 16 --steps 20 --reference "$reference" 2>&1 | tee "$out/engine-$backend.log" \
+  timeout 200 "$bench" engine --backend "$backend" --arch "$arch" --batch 16 --steps 20 --reference "$reference" 2>&1 | tee "$out/engine-$backend.log" \
     || failed+=("engine bench on $backend")
 done
 if [ -n "$tests" ]; then
   echo "== training tests (wgpu member when an adapter exists)"
-  timeout 240 "$tests" --test-threads 1 --nocapture 2>&1 | tee "$out/training.log" \
+  timeout 150 "$tests" --test-threads 1 --nocapture 2>&1 | tee "$out/training.log" \
     || failed+=("training tests")
 fi
 cp docs/bench/engine-*.json docs/benchmarks.md "$out"/ 2>/dev/null || true

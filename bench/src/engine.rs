@@ -20,9 +20,18 @@ struct Torch {
     grad: f64,
     version: String,
     threads: f64,
+    /// `cpu`, or the GPU's name.
+    device: String,
 }
 
-fn torch(model: &ModelConfig, batch: usize, steps: u32, threads: usize) -> Result<Torch, String> {
+/// PyTorch's step on `device` (`cpu` or `cuda`), the one the engine runs on.
+fn torch(
+    model: &ModelConfig,
+    batch: usize,
+    steps: u32,
+    threads: usize,
+    device: &str,
+) -> Result<Torch, String> {
     let script = report::repo_root().join("bench/torch_ref.py");
     let out = Command::new("python3")
         .arg(&script)
@@ -43,6 +52,8 @@ fn torch(model: &ModelConfig, batch: usize, steps: u32, threads: usize) -> Resul
             &steps.to_string(),
             "--threads",
             &threads.to_string(),
+            "--device",
+            device,
         ])
         .output()
         .map_err(|e| format!("could not run python3: {e}"))?;
@@ -70,6 +81,7 @@ fn torch(model: &ModelConfig, batch: usize, steps: u32, threads: usize) -> Resul
         grad: num("tokens_per_sec_grad")?,
         version: field("torch_version").unwrap_or_default(),
         threads: num("threads")?,
+        device: field("device").unwrap_or_else(|| "cpu".into()),
     })
 }
 
@@ -125,6 +137,8 @@ pub fn run(raw: &[String]) -> Result<()> {
         selected.reason
     );
     let backend_name = selected.engine.kind().name();
+    // The reference runs where the engine does: on the GPU for cuda and wgpu.
+    let torch_device = if backend_name == "cpu" { "cpu" } else { "cuda" };
 
     let cfg = TrainConfig {
         model,
@@ -177,7 +191,7 @@ pub fn run(raw: &[String]) -> Result<()> {
             tokens / grad_only
         );
         if want_reference {
-            match torch(&model, batch, steps, threads) {
+            match torch(&model, batch, steps, threads, torch_device) {
                 Ok(t) => {
                     println!(
                         "repeat {}/{repeats}: PyTorch {:.0} tokens/s (step), {:.0} (gradient)",
@@ -216,6 +230,7 @@ pub fn run(raw: &[String]) -> Result<()> {
             ),
             r.version.clone(),
             r.threads,
+            r.device.clone(),
         )
     });
 
@@ -244,7 +259,7 @@ pub fn run(raw: &[String]) -> Result<()> {
     }
     println!("\n| | Cohort tokens/s | PyTorch tokens/s | ratio |");
     match reference {
-        Some((full, grad, ratio_full, ratio_grad, version, torch_threads)) => {
+        Some((full, grad, ratio_full, ratio_grad, version, torch_threads, device)) => {
             for (label, ours, theirs, ratio) in [
                 (
                     "full step (Cohort: grad + compress + apply; PyTorch: grad + AdamW)",
@@ -269,7 +284,12 @@ pub fn run(raw: &[String]) -> Result<()> {
                 md.push_str(&line);
                 md.push('\n');
             }
-            md.push_str(&format!("\nPyTorch {version} on CPU with {torch_threads} threads (`bench/torch_ref.py`, `F.scaled_dot_product_attention`).\n"));
+            let place = if device == "cpu" {
+                format!("CPU with {torch_threads} threads")
+            } else {
+                format!("the same GPU ({device}, CUDA)")
+            };
+            md.push_str(&format!("\nPyTorch {version} on {place} (`bench/torch_ref.py`, `F.scaled_dot_product_attention`).\n"));
             for (key, v) in [
                 ("tokens_per_sec_torch_step", full),
                 ("tokens_per_sec_torch_grad", grad),
@@ -280,7 +300,7 @@ pub fn run(raw: &[String]) -> Result<()> {
                     .num(&format!("{key}_min"), v.1)
                     .num(&format!("{key}_max"), v.2);
             }
-            f.text("torch_version", &version);
+            f.text("torch_version", &version).text("torch_device", &device);
         }
         None => {
             let line = format!(

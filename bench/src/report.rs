@@ -6,8 +6,14 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::process::Command;
 
+/// The checkout the figures belong to: `COHORT_REPO_ROOT` where the binary
+/// runs away from the tree it was built in (a carried build on a GPU
+/// machine), else the tree it was built from.
 pub fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+    match std::env::var_os("COHORT_REPO_ROOT") {
+        Some(root) => PathBuf::from(root),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".."),
+    }
 }
 
 /// A flat JSON object, keys in insertion order.
@@ -42,8 +48,12 @@ impl Figures {
 }
 
 /// The commit the figures come from, `-dirty` when tracked files other
-/// than the published figures differ from it.
+/// than the published figures differ from it. A copy without git history
+/// (a carried build) is stamped from `COHORT_COMMIT`, as its caller knows it.
 pub fn commit() -> String {
+    if let Ok(c) = std::env::var("COHORT_COMMIT") {
+        return c;
+    }
     let git = |args: &[&str]| {
         Command::new("git")
             .args(args)
