@@ -237,8 +237,15 @@ pub fn run(raw: &[String]) -> Result<()> {
     let sp = |(mean, min, max): (f64, f64, f64), digits: usize| {
         format!("{mean:.digits$} ({min:.digits$}–{max:.digits$})")
     };
+    // CPU figures are the reference record; each GPU backend gets its own
+    // section, named for it and the device.
+    let heading = if backend_name == "cpu" {
+        "Engine speed".to_string()
+    } else {
+        format!("Engine speed on {}", selected.reason)
+    };
     let mut md = format!(
-        "## Engine speed\n\n`cargo run --release -p cohort-bench -- engine` — one member's training step, {} ({} parameters), batch {batch} x seq {}, {steps} timed steps after 2 warm-up steps, backend `{backend_name}`, {threads} threads, same machine and run; {repeats} repeats, the two engines alternating, figures as mean (min–max), each repeat's ratio taken within the repeat.\n\n| | Cohort engine tokens/s | PyTorch tokens/s | Cohort ÷ PyTorch |\n|---|---|---|---|\n",
+        "## {heading}\n\n`cargo run --release -p cohort-bench -- engine` — one member's training step, {} ({} parameters), batch {batch} x seq {}, {steps} timed steps after 2 warm-up steps, backend `{backend_name}`, {threads} threads, same machine and run; {repeats} repeats, the two engines alternating, figures as mean (min–max), each repeat's ratio taken within the repeat.\n\n| | Cohort engine tokens/s | PyTorch tokens/s | Cohort ÷ PyTorch |\n|---|---|---|---|\n",
         model.arch(),
         model.num_params(),
         model.seq_len
