@@ -307,7 +307,8 @@ pub fn run(raw: &[String]) -> Result<()> {
                     .num(&format!("{key}_min"), v.1)
                     .num(&format!("{key}_max"), v.2);
             }
-            f.text("torch_version", &version).text("torch_device", &device);
+            f.text("torch_version", &version)
+                .text("torch_device", &device);
         }
         None => {
             let line = format!(

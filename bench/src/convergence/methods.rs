@@ -1,10 +1,11 @@
 //! The three ways the convergence bench trains the same model on the same
 //! tokens: dense AdamW, dense sign-SGD with momentum, and Cohort's compressed
-//! updates, each at one grid point, one seed and one schedule.
+//! updates, each at one grid point, one seed and one schedule; plus candidate
+//! update rules measured before any of them reaches the engine.
 
 use anyhow::Result;
 use cohort_engine::backend;
-use cohort_engine::compress::{CompressConfig, Decode};
+use cohort_engine::compress::{CompressConfig, Decode, Layout};
 use cohort_engine::data::Corpus;
 use cohort_engine::model::ModelConfig;
 use cohort_engine::optim::{AdamW, LrSchedule, sign_sgd_step};
@@ -17,16 +18,26 @@ pub enum Method {
     AdamW,
     SignSgd,
     Cohort,
+    /// Candidate: every member votes the signs of the same `topk` DCT
+    /// coefficients per chunk, drawn from the step's seed, so positions cost
+    /// no bytes (1 bit per coefficient) and all members vote on each one.
+    SharedK,
 }
 
 impl Method {
-    pub const ALL: [Method; 3] = [Method::AdamW, Method::SignSgd, Method::Cohort];
+    pub const ALL: [Method; 4] = [
+        Method::AdamW,
+        Method::SignSgd,
+        Method::Cohort,
+        Method::SharedK,
+    ];
 
     pub fn key(self) -> &'static str {
         match self {
             Method::AdamW => "adamw",
             Method::SignSgd => "sign",
             Method::Cohort => "cohort",
+            Method::SharedK => "sharedk",
         }
     }
 
@@ -35,6 +46,7 @@ impl Method {
             Method::AdamW => "dense AdamW",
             Method::SignSgd => "dense sign-SGD",
             Method::Cohort => "Cohort compressed",
+            Method::SharedK => "shared random-k signs (candidate)",
         }
     }
 
@@ -42,7 +54,9 @@ impl Method {
         Method::ALL
             .into_iter()
             .find(|m| m.key() == s)
-            .ok_or_else(|| anyhow::anyhow!("unknown method `{s}`: expected adamw, sign or cohort"))
+            .ok_or_else(|| {
+                anyhow::anyhow!("unknown method `{s}`: expected adamw, sign, cohort or sharedk")
+            })
     }
 }
 
@@ -138,7 +152,7 @@ impl Setting {
                     tokens_per_sec: r.tokens_per_sec,
                 })
             }
-            Method::AdamW | Method::SignSgd => dense(p, &cfg, corpus),
+            Method::AdamW | Method::SignSgd | Method::SharedK => dense(p, &cfg, corpus),
         }
     }
 }
@@ -177,8 +191,24 @@ fn dense(p: &Point, cfg: &RunConfig, corpus: &Corpus) -> Result<Outcome> {
     let started = Instant::now();
     let mut eval_secs = 0.0;
     let mut val_loss = f32::NAN;
-    let mut ahead: Option<Vec<Vec<f32>>> = None;
-    let mean_gradient = |members: &mut Vec<Trainer>, step: u32| -> Result<Vec<Vec<f32>>> {
+    let mut ahead: Option<Vec<Vec<Vec<f32>>>> = None;
+    let shared = (p.method == Method::SharedK).then(|| {
+        let layout = Layout::new(
+            &params.shapes,
+            &CompressConfig {
+                topk: cfg.train.compress.topk,
+                ..CompressConfig::default()
+            },
+        );
+        // Indexed [parameter][member], so parameters fold in parallel.
+        let momenta: Vec<Vec<Vec<f32>>> = sizes
+            .iter()
+            .map(|n| vec![vec![0.0; *n]; cfg.members])
+            .collect();
+        (layout, momenta)
+    });
+    let mut shared = shared;
+    let member_gradients = |members: &mut Vec<Trainer>, step: u32| -> Result<Vec<Vec<Vec<f32>>>> {
         let epoch = step / cfg.steps_per_epoch;
         let seed = runner::epoch_seed(&cfg.job, epoch);
         let grads: Vec<_> = std::thread::scope(|s| {
@@ -193,8 +223,11 @@ fn dense(p: &Point, cfg: &RunConfig, corpus: &Corpus) -> Result<Outcome> {
                 .map(|h| h.join().expect("member thread"))
                 .collect::<Result<Vec<_>, _>>()
         })?;
+        Ok(grads.into_iter().map(|(_, g)| g).collect())
+    };
+    let mean_gradient = |grads: Vec<Vec<Vec<f32>>>| -> Vec<Vec<f32>> {
         let mut avg: Vec<Vec<f32>> = sizes.iter().map(|n| vec![0.0; *n]).collect();
-        for (_, g) in &grads {
+        for g in &grads {
             for (a, gi) in avg.iter_mut().zip(g) {
                 for (x, y) in a.iter_mut().zip(gi) {
                     *x += y;
@@ -203,20 +236,33 @@ fn dense(p: &Point, cfg: &RunConfig, corpus: &Corpus) -> Result<Outcome> {
         }
         let inv = 1.0 / cfg.members as f32;
         avg.iter_mut().flatten().for_each(|x| *x *= inv);
-        Ok(avg)
+        avg
     };
+    let mut bytes_per_member_step = 4.0 * params.numel() as f64;
     for step in 0..cfg.steps {
-        let avg = match ahead.take() {
+        let grads = match ahead.take() {
             Some(g) => g,
-            None => mean_gradient(&mut members, step)?,
+            None => member_gradients(&mut members, step)?,
         };
         if p.schedule == Schedule::OneStepStale && step + 1 < cfg.steps {
             // Computed on weights step `step` has not been applied to yet.
-            ahead = Some(mean_gradient(&mut members, step + 1)?);
+            ahead = Some(member_gradients(&mut members, step + 1)?);
         }
         match p.method {
-            Method::AdamW => adam.step(&mut params.values, &avg, lr.at(step)),
+            Method::AdamW => adam.step(&mut params.values, &mean_gradient(grads), lr.at(step)),
+            Method::SharedK => {
+                let (layout, momenta) = shared.as_mut().expect("set up for SharedK");
+                let (dirs, bits) = shared_k_step(layout, momenta, &grads, p.momentum, step);
+                bytes_per_member_step = bits.div_ceil(8) as f64;
+                sign_sgd_step(
+                    &mut params.values,
+                    &dirs,
+                    lr.at(step),
+                    cfg.train.weight_decay,
+                );
+            }
             _ => {
+                let avg = mean_gradient(grads);
                 for (m, g) in momentum.iter_mut().zip(&avg) {
                     for (mi, gi) in m.iter_mut().zip(g) {
                         *mi = p.momentum * *mi + gi;
@@ -256,7 +302,91 @@ fn dense(p: &Point, cfg: &RunConfig, corpus: &Corpus) -> Result<Outcome> {
     Ok(Outcome {
         final_val_loss: val_loss,
         curve,
-        bytes_per_member_step: 4.0 * params.numel() as f64,
+        bytes_per_member_step,
         tokens_per_sec: tokens / wall,
     })
+}
+
+/// One step of the shared random-k candidate: each member folds its gradient
+/// into its momentum, sends the signs of the step's drawn DCT coefficients and
+/// removes them from its momentum (error feedback, as Cohort does); the
+/// integer vote per coefficient is inverse-DCT'd and its sign is the update
+/// direction. Returns the direction and the bits each member sent.
+/// `momenta` is indexed [parameter][member].
+fn shared_k_step(
+    layout: &Layout,
+    momenta: &mut [Vec<Vec<f32>>],
+    grads: &[Vec<Vec<f32>>],
+    decay: f32,
+    step: u32,
+) -> (Vec<Vec<f32>>, usize) {
+    use rayon::prelude::*;
+    let bits = (0..layout.dcts.len())
+        .map(|p| layout.dcts[p].tiling.chunks() * layout.topk[p])
+        .sum();
+    let dirs = momenta
+        .par_iter_mut()
+        .enumerate()
+        .map(|(p, member_m)| {
+            let dct = &layout.dcts[p];
+            let (size, k) = (dct.tiling.chunk_size(), layout.topk[p]);
+            let mut x = vec![0f32; layout.numel(p)];
+            let (mut coef, mut tmp) = (vec![0f32; size], Vec::new());
+            let mut order: Vec<u32> = Vec::with_capacity(size);
+            let mut votes = vec![0i32; k];
+            for (m, g) in member_m.iter_mut().zip(grads) {
+                for (mi, gi) in m.iter_mut().zip(&g[p]) {
+                    *mi = decay * *mi + gi;
+                }
+            }
+            for ch in 0..dct.tiling.chunks() {
+                // The step's draw: k distinct coefficients, the same on every member.
+                let mut rng = splitmix(((step as u64) << 40) ^ ((p as u64) << 20) ^ ch as u64);
+                order.clear();
+                order.extend(0..size as u32);
+                for i in 0..k {
+                    let j = i + (next(&mut rng) % (size - i) as u64) as usize;
+                    order.swap(i, j);
+                }
+                let kept = &mut order[..k];
+                kept.sort_unstable();
+                votes.fill(0);
+                for m in member_m.iter_mut() {
+                    dct.forward_chunk(m, ch, &mut coef, &mut tmp);
+                    for (v, &i) in votes.iter_mut().zip(kept.iter()) {
+                        let c = coef[i as usize];
+                        *v += if c > 0.0 {
+                            1
+                        } else if c < 0.0 {
+                            -1
+                        } else {
+                            0
+                        };
+                        dct.add_basis(m, ch, i as usize, -c);
+                    }
+                }
+                for (v, &i) in votes.iter().zip(kept.iter()) {
+                    if *v != 0 {
+                        dct.add_basis(&mut x, ch, i as usize, *v as f32);
+                    }
+                }
+            }
+            x.iter_mut()
+                .for_each(|v| *v = v.signum() * (*v != 0.0) as u8 as f32);
+            x
+        })
+        .collect();
+    (dirs, bits)
+}
+
+fn splitmix(seed: u64) -> u64 {
+    seed.wrapping_add(0x9E37_79B9_7F4A_7C15)
+}
+
+fn next(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }

@@ -354,6 +354,7 @@ impl Best {
             (Method::AdamW, Schedule::Lockstep) => [120, 120, 120],
             (Method::SignSgd, _) => [230, 120, 20],
             (Method::Cohort, _) => [44, 160, 44],
+            (Method::SharedK, _) => [148, 103, 189],
         }
     }
     fn label(&self) -> String {
