@@ -5,12 +5,13 @@
 
 use anyhow::Result;
 use cohort_engine::backend;
-use cohort_engine::compress::{CompressConfig, Decode, Layout};
+use cohort_engine::compress::{CompressConfig, Compressor, Decode, Layout, Payload, aggregate};
 use cohort_engine::data::Corpus;
 use cohort_engine::model::ModelConfig;
 use cohort_engine::optim::{AdamW, LrSchedule, sign_sgd_step};
 use cohort_engine::runner::{self, RunConfig, Schedule};
 use cohort_engine::trainer::{Identity, TrainConfig, Trainer};
+use cohort_engine::wire;
 use std::time::Instant;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,6 +23,11 @@ pub enum Method {
     /// coefficients per chunk, drawn from the step's seed, so positions cost
     /// no bytes (1 bit per coefficient) and all members vote on each one.
     SharedK,
+    /// Cohort's payloads, but the summed votes are cut to the `K` largest
+    /// per chunk before decoding, as a sharded exchange's aggregators would
+    /// publish them (issue 18, item 3). `K` = 0 keeps every vote: Cohort's
+    /// rule, through this bench's own loop.
+    TopAgg(u16),
 }
 
 impl Method {
@@ -32,12 +38,13 @@ impl Method {
         Method::SharedK,
     ];
 
-    pub fn key(self) -> &'static str {
+    pub fn key(self) -> String {
         match self {
-            Method::AdamW => "adamw",
-            Method::SignSgd => "sign",
-            Method::Cohort => "cohort",
-            Method::SharedK => "sharedk",
+            Method::AdamW => "adamw".into(),
+            Method::SignSgd => "sign".into(),
+            Method::Cohort => "cohort".into(),
+            Method::SharedK => "sharedk".into(),
+            Method::TopAgg(k) => format!("topagg{k}"),
         }
     }
 
@@ -47,15 +54,24 @@ impl Method {
             Method::SignSgd => "dense sign-SGD",
             Method::Cohort => "Cohort compressed",
             Method::SharedK => "shared random-k signs (candidate)",
+            Method::TopAgg(_) => "Cohort, votes cut to the top K per chunk",
         }
     }
 
     pub fn parse(s: &str) -> Result<Self> {
+        if let Some(k) = s.strip_prefix("topagg") {
+            let k = k
+                .parse::<u16>()
+                .map_err(|_| anyhow::anyhow!("method `{s}`: expected topagg<K>, K a count"))?;
+            return Ok(Method::TopAgg(k));
+        }
         Method::ALL
             .into_iter()
             .find(|m| m.key() == s)
             .ok_or_else(|| {
-                anyhow::anyhow!("unknown method `{s}`: expected adamw, sign, cohort or sharedk")
+                anyhow::anyhow!(
+                    "unknown method `{s}`: expected adamw, sign, cohort, sharedk or topagg<K>"
+                )
             })
     }
 }
@@ -152,7 +168,9 @@ impl Setting {
                     tokens_per_sec: r.tokens_per_sec,
                 })
             }
-            Method::AdamW | Method::SignSgd | Method::SharedK => dense(p, &cfg, corpus),
+            Method::AdamW | Method::SignSgd | Method::SharedK | Method::TopAgg(_) => {
+                dense(p, &cfg, corpus)
+            }
         }
     }
 }
@@ -208,6 +226,22 @@ fn dense(p: &Point, cfg: &RunConfig, corpus: &Corpus) -> Result<Outcome> {
         (layout, momenta)
     });
     let mut shared = shared;
+    let cut = match p.method {
+        Method::TopAgg(k) => {
+            let compress = CompressConfig {
+                decay: p.momentum,
+                decode: Decode::Sign,
+                ..cfg.train.compress
+            };
+            let layout = Layout::new(&params.shapes, &compress);
+            let members: Vec<Compressor> = (0..cfg.members)
+                .map(|_| Compressor::new(&layout, compress))
+                .collect();
+            Some((layout, members, k as usize))
+        }
+        _ => None,
+    };
+    let mut cut = cut;
     let member_gradients = |members: &mut Vec<Trainer>, step: u32| -> Result<Vec<Vec<Vec<f32>>>> {
         let epoch = step / cfg.steps_per_epoch;
         let seed = runner::epoch_seed(&cfg.job, epoch);
@@ -250,6 +284,27 @@ fn dense(p: &Point, cfg: &RunConfig, corpus: &Corpus) -> Result<Outcome> {
         }
         match p.method {
             Method::AdamW => adam.step(&mut params.values, &mean_gradient(grads), lr.at(step)),
+            Method::TopAgg(_) => {
+                let (layout, compressors, k) = cut.as_mut().expect("set up for TopAgg");
+                let payloads = compressors
+                    .iter_mut()
+                    .zip(&grads)
+                    .map(|(c, g)| c.compress(layout, g))
+                    .collect::<Result<Vec<_>, _>>()?;
+                bytes_per_member_step = wire::payload_len(layout) as f64;
+                let dirs = if *k == 0 {
+                    let weighted: Vec<_> = payloads.iter().map(|p| (p, 1)).collect();
+                    aggregate(layout, &weighted, Decode::Sign)
+                } else {
+                    aggregate_top(layout, &payloads, *k)
+                };
+                sign_sgd_step(
+                    &mut params.values,
+                    &dirs,
+                    lr.at(step),
+                    cfg.train.weight_decay,
+                );
+            }
             Method::SharedK => {
                 let (layout, momenta) = shared.as_mut().expect("set up for SharedK");
                 let (dirs, bits) = shared_k_step(layout, momenta, &grads, p.momentum, step);
@@ -389,4 +444,59 @@ fn next(state: &mut u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^ (z >> 31)
+}
+
+/// The members' votes summed per coefficient (integers), cut to the `cut`
+/// largest in magnitude per chunk (ties to the lower index), inverse-DCT'd in
+/// ascending index order and signed: what a node would apply from top-`cut`
+/// aggregates.
+fn aggregate_top(layout: &Layout, payloads: &[Payload], cut: usize) -> Vec<Vec<f32>> {
+    use rayon::prelude::*;
+    layout
+        .dcts
+        .par_iter()
+        .enumerate()
+        .map(|(p, dct)| {
+            let k = layout.topk[p];
+            let mut x = vec![0f32; layout.numel(p)];
+            let mut votes = vec![0i32; dct.tiling.chunk_size()];
+            let mut touched: Vec<u16> = Vec::new();
+            for ch in 0..dct.tiling.chunks() {
+                touched.clear();
+                for payload in payloads {
+                    let s = &payload.params[p];
+                    let range = ch * k..(ch + 1) * k;
+                    for (i, neg) in s.idx[range.clone()].iter().zip(&s.neg[range]) {
+                        touched.push(*i);
+                        votes[*i as usize] += if *neg { -1 } else { 1 };
+                    }
+                }
+                touched.sort_unstable();
+                touched.dedup();
+                touched.retain(|&i| votes[i as usize] != 0);
+                if touched.len() > cut {
+                    touched.sort_by(|&a, &b| {
+                        votes[b as usize]
+                            .abs()
+                            .cmp(&votes[a as usize].abs())
+                            .then(a.cmp(&b))
+                    });
+                    touched.truncate(cut);
+                    touched.sort_unstable();
+                }
+                for &i in &touched {
+                    dct.add_basis(&mut x, ch, i as usize, votes[i as usize] as f32);
+                }
+                for payload in payloads {
+                    let range = ch * k..(ch + 1) * k;
+                    for i in &payload.params[p].idx[range] {
+                        votes[*i as usize] = 0;
+                    }
+                }
+            }
+            x.iter_mut()
+                .for_each(|v| *v = v.signum() * (*v != 0.0) as u8 as f32);
+            x
+        })
+        .collect()
 }

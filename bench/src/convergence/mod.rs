@@ -355,6 +355,7 @@ impl Best {
             (Method::SignSgd, _) => [230, 120, 20],
             (Method::Cohort, _) => [44, 160, 44],
             (Method::SharedK, _) => [148, 103, 189],
+            (Method::TopAgg(_), _) => [140, 86, 75],
         }
     }
     fn label(&self) -> String {
