@@ -18,6 +18,11 @@
 //! previous step from its previous revealed momentum, on the weights of
 //! that step, and the momentum revealed now must follow.
 //!
+//! A slashed member's seat stays empty, or, with [`ArenaConfig::standby`],
+//! is taken by an honest newcomer some epochs later, as a `cohort node`
+//! waiting for work joins any open job it qualifies for: the newcomer
+//! starts from the shared weights with no momentum, on the seat's data.
+//!
 //! Limits, stated plainly: witnesses here are honest (colluding witnesses
 //! are what the on-chain quorum is for, and are not modelled).
 
@@ -34,7 +39,7 @@ use crate::runner::{RunConfig, epoch_seed, member_key};
 use crate::trainer::{Identity, Trainer};
 use crate::wire::Contribution;
 use libp2p::identity::ed25519;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
 #[derive(Debug, Clone)]
@@ -52,6 +57,9 @@ pub struct ArenaConfig {
     /// Micro-batch the witness computes with (0 = the job's): another
     /// summation order, so other rounding, like another GPU.
     pub witness_micro_batch: usize,
+    /// Epochs after the epoch of a slash at which an honest newcomer takes
+    /// the seat (None: it stays empty).
+    pub standby: Option<u32>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -60,6 +68,8 @@ pub struct ArenaReport {
     pub val_curve: Vec<(u32, f32)>,
     /// Member → step at which it was slashed.
     pub slashed: BTreeMap<usize, u32>,
+    /// Seat → step from which an honest newcomer held it.
+    pub refilled: BTreeMap<usize, u32>,
     /// Honest members slashed (must stay 0).
     pub false_accusations: usize,
     pub audits: usize,
@@ -159,12 +169,38 @@ pub fn run(
         let weights_now = cfg.defend.then(|| witness.params().clone());
         let epoch = step / run.steps_per_epoch.max(1);
         let seed = epoch_seed(&run.job, epoch);
+        // A slashed seat taken by a newcomer from this epoch on.
+        if let Some(after) = cfg.standby {
+            let due: Vec<usize> = report
+                .slashed
+                .iter()
+                .filter(|(i, at)| {
+                    !report.refilled.contains_key(i)
+                        && epoch >= *at / run.steps_per_epoch.max(1) + after
+                })
+                .map(|(i, _)| *i)
+                .collect();
+            for i in due {
+                trainers[i].reset_momentum();
+                first_sent.remove(&i);
+                last_revealed.remove(&i);
+                report.refilled.insert(i, step);
+            }
+        }
+        let refilled: BTreeSet<usize> = report.refilled.keys().copied().collect();
         let active: Vec<usize> = (0..run.members)
-            .filter(|i| !report.slashed.contains_key(i))
+            .filter(|i| !report.slashed.contains_key(i) || refilled.contains(i))
             .collect();
         // 1. Compute, in parallel as separate machines would. The momentum
-        //    before the step is what a member reveals if audited.
-        let mode = |i: usize| cfg.adversaries.get(&i).copied();
+        //    before the step is what a member reveals if audited. A
+        //    newcomer in an attacker's seat is honest.
+        let mode = |i: usize| {
+            if refilled.contains(&i) {
+                None
+            } else {
+                cfg.adversaries.get(&i).copied()
+            }
+        };
         let computed: Vec<Option<Computed>> = std::thread::scope(|s| {
             let handles: Vec<_> = trainers
                 .iter_mut()
@@ -265,10 +301,12 @@ pub fn run(
         if cfg.defend {
             let policy = Policy {
                 audit: cfg.audit,
-                witnesses: witnesses
-                    .iter()
-                    .copied()
-                    .filter(|w| !report.slashed.contains_key(&(*w as usize)))
+                witnesses: (0..run.members as u32)
+                    .filter(|w| {
+                        let w = *w as usize;
+                        (witnesses.contains(&(w as u32)) && !report.slashed.contains_key(&w))
+                            || report.refilled.contains_key(&w)
+                    })
                     .collect(),
                 seed,
                 job: run.job,
@@ -354,6 +392,8 @@ pub fn run(
                     convicted |= matches!(tally.add(&policy, &accusation), Ok(Some(_)));
                 }
                 if convicted {
+                    // A newcomer convicted leaves its seat empty again.
+                    report.refilled.remove(i);
                     report.slashed.insert(*i, step);
                     if mode(*i).is_none() {
                         report.false_accusations += 1;

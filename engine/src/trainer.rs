@@ -145,6 +145,15 @@ impl Trainer {
         &self.compressor.momentum
     }
 
+    /// Forgets this member's momentum: a newcomer taking a seat starts with
+    /// none, whatever the seat's last holder had.
+    pub fn reset_momentum(&mut self) {
+        self.compressor
+            .momentum
+            .iter_mut()
+            .for_each(|m| m.fill(0.0));
+    }
+
     /// What member `index` should have sent for `step`, recomputed by a
     /// witness on `weights` from the member's revealed momentum and its
     /// assigned batch (see [`crate::audit`]), and the momentum the member

@@ -35,6 +35,7 @@ fn config(adversaries: &[(usize, Mode)], defend: bool) -> ArenaConfig {
         defend,
         witness_jitter: 0.0,
         witness_micro_batch: 0,
+        standby: None,
     }
 }
 
@@ -50,7 +51,16 @@ fn honest_loss() -> f32 {
 
 /// A third of the members (2 of 6) attack with `mode`.
 fn attack(mode: Mode) -> ArenaReport {
-    let r = run(&config(&[(1, mode), (4, mode)], true));
+    attack_with(mode, None)
+}
+
+/// `mode` by members 1 and 4, defended; slashed seats taken by newcomers
+/// `standby` epochs after the slash's.
+fn attack_with(mode: Mode, standby: Option<u32>) -> ArenaReport {
+    let r = run(&ArenaConfig {
+        standby,
+        ..config(&[(1, mode), (4, mode)], true)
+    });
     eprintln!(
         "{}: loss {:.4} (honest {:.4}), slashed {:?}, audits {} ({} targeted, {} honest flagged), overhead {:.1}%, worst honest {:?}",
         mode.name(),
@@ -78,10 +88,15 @@ fn assert_loss_unharmed(r: &ArenaReport) {
     assert!(ratio <= 1.10, "loss {ratio:.3} × honest");
 }
 
+/// With a node on standby, as `cohort node` waits for an open job, each
+/// slashed seat is taken at the next epoch by an honest newcomer, who is
+/// never accused for what the seat's last holder did.
 #[test]
-fn sign_flip_is_slashed() {
-    let r = attack(Mode::SignFlip);
+fn sign_flippers_are_slashed_and_their_seats_taken_by_honest_newcomers() {
+    let r = attack_with(Mode::SignFlip, Some(1));
     assert_slashed_in_first_epoch(&r);
+    let seats: BTreeMap<usize, u32> = [(1, EPOCH), (4, EPOCH)].into();
+    assert_eq!(r.refilled, seats, "seat → step a newcomer took it");
     assert_loss_unharmed(&r);
 }
 

@@ -37,6 +37,7 @@ const FLAGS: &[&str] = &[
     "undefended",
     "witness-micro-batch",
     "seeds",
+    "standby",
     "plan",
     "name",
 ];
@@ -57,11 +58,14 @@ enum Kind {
     Honest,
     /// `count` fewer members (the first n − count), all honest, defences on.
     Alone { count: usize },
-    /// `count` members attack with `mode`; the defences on or off.
+    /// `count` members attack with `mode`; the defences on or off; with
+    /// `standby`, a slashed seat is taken by an honest newcomer
+    /// ([`Setting::standby`] epochs after the slash's).
     Attack {
         mode: Mode,
         count: usize,
         defend: bool,
+        standby: bool,
     },
 }
 
@@ -73,6 +77,9 @@ struct Setting {
     spe: u32,
     witness_micro_batch: usize,
     audit: AuditConfig,
+    /// Epochs after a slash's at which a standby node takes the seat, for
+    /// the runs that have one.
+    standby: Option<u32>,
 }
 
 /// The log line's key: one string for everything the result depends on.
@@ -85,10 +92,15 @@ fn key(s: &Setting, seed: u32, kind: Kind) -> String {
             mode,
             count,
             defend,
+            standby,
         } => format!(
-            "{}-{count}-{}",
+            "{}-{count}-{}{}",
             mode.name(),
-            if defend { "defended" } else { "undefended" }
+            if defend { "defended" } else { "undefended" },
+            match s.standby {
+                Some(after) if standby => format!("-standby{after}"),
+                _ => String::new(),
+            }
         ),
     };
     let screen = if defended && SCREEN > 1 {
@@ -125,13 +137,14 @@ fn placed(count: usize, members: usize) -> Vec<usize> {
 
 /// Every run of the sweep, seed by seed (so a sweep cut short still has
 /// whole seeds): the honest run, the honest members alone for each
-/// attacker count, then each mode at each fraction, defended and (if asked)
-/// undefended.
+/// attacker count, then each mode at each fraction, defended, defended with
+/// a standby node (if asked) and undefended (if asked).
 fn plan(
     seeds: u32,
     fractions: &[f64],
     modes: &[Mode],
     undefended: bool,
+    standby: bool,
     members: usize,
 ) -> Vec<(u32, Kind)> {
     let mut counts: Vec<usize> = fractions.iter().map(|f| attackers(*f, members)).collect();
@@ -142,12 +155,16 @@ fn plan(
         out.extend(counts.iter().map(|&count| (seed, Kind::Alone { count })));
         for &mode in modes {
             for &count in &counts {
-                for defend in [true, false] {
-                    if defend || undefended {
+                for (defend, with_standby) in [(true, false), (true, true), (false, false)] {
+                    if (defend && !with_standby)
+                        || (with_standby && standby)
+                        || (!defend && undefended)
+                    {
                         let kind = Kind::Attack {
                             mode,
                             count,
                             defend,
+                            standby: with_standby,
                         };
                         out.push((seed, kind));
                     }
@@ -290,22 +307,31 @@ pub fn run(raw: &[String]) -> Result<()> {
     ensure!(members >= 3, "--members: at least 3");
     ensure!(steps >= 1 && spe >= 1, "--steps and --epoch: at least 1");
     ensure!(seeds >= 1, "--seeds: at least 1");
+    let standby: Option<u32> =
+        match a.get("standby", "none".to_string())?.as_str() {
+            "none" => None,
+            v => Some(v.parse::<u32>().ok().filter(|e| *e >= 1).ok_or_else(|| {
+                anyhow!("--standby: `{v}` is not `none` or a count of epochs ≥ 1")
+            })?),
+        };
     let setting = Setting {
         members,
         steps,
         spe,
         witness_micro_batch,
         audit: AuditConfig::default(),
+        standby,
     };
     let corpus = Corpus::bundled()?;
     let config = |seed: u32, kind: Kind| -> ArenaConfig {
-        let (n, adversaries, defend) = match kind {
-            Kind::Honest => (members, Vec::new(), true),
-            Kind::Alone { count } => (members - count, Vec::new(), true),
+        let (n, adversaries, defend, with_standby) = match kind {
+            Kind::Honest => (members, Vec::new(), true, false),
+            Kind::Alone { count } => (members - count, Vec::new(), true, false),
             Kind::Attack {
                 mode,
                 count,
                 defend,
+                standby,
             } => (
                 members,
                 placed(count, members)
@@ -313,6 +339,7 @@ pub fn run(raw: &[String]) -> Result<()> {
                     .map(|i| (i, mode))
                     .collect(),
                 defend,
+                standby,
             ),
         };
         ArenaConfig {
@@ -330,6 +357,7 @@ pub fn run(raw: &[String]) -> Result<()> {
             defend,
             witness_jitter: 0.0,
             witness_micro_batch,
+            standby: setting.standby.filter(|_| with_standby),
         }
     };
     let path = log_path();
@@ -337,7 +365,14 @@ pub fn run(raw: &[String]) -> Result<()> {
         .iter()
         .filter_map(Summary::from_json)
         .collect();
-    let runs = plan(seeds, &fractions, &modes, undefended, members);
+    let runs = plan(
+        seeds,
+        &fractions,
+        &modes,
+        undefended,
+        standby.is_some(),
+        members,
+    );
     let todo: Vec<(u32, Kind)> = runs
         .iter()
         .copied()
@@ -385,7 +420,16 @@ pub fn run(raw: &[String]) -> Result<()> {
         done.insert(k, s);
     }
     let got = |seed: u32, kind: Kind| &done[&key(&setting, seed, kind)];
-    let rows = table::rows(seeds, &fractions, &modes, undefended, members, spe, &got);
+    let rows = table::rows(
+        seeds,
+        &fractions,
+        &modes,
+        undefended,
+        standby.is_some(),
+        members,
+        spe,
+        &got,
+    );
     let honest: Vec<&Summary> = (0..seeds).map(|s| got(s, Kind::Honest)).collect();
     let secs: f64 = runs.iter().map(|(s, k)| got(*s, *k).secs).sum();
     table::publish(&name, &rows, &honest, &setting, seeds, secs)
@@ -404,7 +448,7 @@ mod tests {
     #[test]
     fn the_plan_runs_each_seed_whole_and_the_honest_members_alone_once_per_attacker_count() {
         let modes = [Mode::SignFlip, Mode::Noise];
-        let p = plan(2, &[0.33, 0.45], &modes, true, 9);
+        let p = plan(2, &[0.33, 0.45], &modes, true, false, 9);
         // Per seed: honest, alone without 3 and 4, then 2 modes × 2 counts
         // × defended and undefended.
         assert_eq!(p.len(), 2 * (1 + 2 + 8));
@@ -412,8 +456,11 @@ mod tests {
         assert_eq!(p[1].1, Kind::Alone { count: 3 });
         assert_eq!(p[2].1, Kind::Alone { count: 4 });
         // Fractions that round to one count share its runs.
-        let q = plan(1, &[0.33, 0.34], &modes, false, 9);
+        let q = plan(1, &[0.33, 0.34], &modes, false, false, 9);
         assert_eq!(q.len(), 1 + 1 + 2);
+        // A standby node adds one defended run per mode and count.
+        let r = plan(1, &[0.33], &modes, true, true, 9);
+        assert_eq!(r.len(), 1 + 1 + 2 * 3);
         // Every run has its own key.
         let s = Setting {
             members: 9,
@@ -421,6 +468,7 @@ mod tests {
             spe: 10,
             witness_micro_batch: 4,
             audit: AuditConfig::default(),
+            standby: Some(1),
         };
         let keys: std::collections::HashSet<String> =
             p.iter().map(|(seed, k)| key(&s, *seed, *k)).collect();

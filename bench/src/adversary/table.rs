@@ -39,6 +39,8 @@ pub struct Row {
     /// Final validation loss ÷ the honest run's, defended.
     pub defended: Spread,
     pub undefended: Option<Spread>,
+    /// Defended, a standby node taking each slashed seat.
+    pub standby: Option<Spread>,
     /// The honest run with `count` fewer members ÷ the honest run.
     pub alone: Spread,
     /// Share of attackers slashed, over all seeds.
@@ -58,8 +60,16 @@ impl Row {
     /// worth removing: a mean below [`HARMFUL`], or a seed it did not harm
     /// at all (then the "harm" is within the seeds' spread).
     pub fn removed(&self) -> Option<f64> {
-        let u = self.undefended?;
-        (u.mean >= HARMFUL && u.min > 1.0).then(|| (u.mean - self.defended.mean) / (u.mean - 1.0))
+        Self::share_removed(self.undefended?, self.defended)
+    }
+
+    /// The same share with a standby node taking each slashed seat.
+    pub fn removed_with_standby(&self) -> Option<f64> {
+        Self::share_removed(self.undefended?, self.standby?)
+    }
+
+    fn share_removed(u: Spread, defended: Spread) -> Option<f64> {
+        (u.mean >= HARMFUL && u.min > 1.0).then(|| (u.mean - defended.mean) / (u.mean - 1.0))
     }
 
     /// Share of the *damage* removed: the harm above what the honest
@@ -81,6 +91,7 @@ pub fn rows<'a>(
     fractions: &[f64],
     modes: &[Mode],
     undefended: bool,
+    standby: bool,
     members: usize,
     spe: u32,
     got: &impl Fn(u32, Kind) -> &'a Summary,
@@ -98,13 +109,14 @@ pub fn rows<'a>(
                     .map(|s| got(s, kind).final_val_loss / got(s, Kind::Honest).final_val_loss)
                     .collect()
             };
-            let attack = |defend| Kind::Attack {
+            let attack = |defend, standby| Kind::Attack {
                 mode,
                 count,
                 defend,
+                standby,
             };
             let who = placed(count, members);
-            let defended: Vec<&Summary> = (0..seeds).map(|s| got(s, attack(true))).collect();
+            let defended: Vec<&Summary> = (0..seeds).map(|s| got(s, attack(true, false))).collect();
             let caught: usize = defended
                 .iter()
                 .map(|d| who.iter().filter(|i| d.slashed.contains_key(i)).count())
@@ -121,8 +133,9 @@ pub fn rows<'a>(
                 mode,
                 fraction,
                 count,
-                defended: Spread::of(&ratios(attack(true))),
-                undefended: undefended.then(|| Spread::of(&ratios(attack(false)))),
+                defended: Spread::of(&ratios(attack(true, false))),
+                undefended: undefended.then(|| Spread::of(&ratios(attack(false, false)))),
+                standby: standby.then(|| Spread::of(&ratios(attack(true, true)))),
                 alone: Spread::of(&ratios(Kind::Alone { count })),
                 detection: caught as f64 / (count * seeds as usize) as f64,
                 epochs_to_slash,
@@ -166,6 +179,7 @@ pub fn publish(
         spe,
         witness_micro_batch,
         ref audit,
+        standby,
     } = *s;
     let losses: Vec<f64> = honest.iter().map(|h| h.final_val_loss).collect();
     let loss = Spread::of(&losses);
@@ -218,7 +232,7 @@ pub fn publish(
          {HARMFUL} and every seed was harmed. *Damage removed* is (undefended − defended) ÷ \
          (undefended − honest alone): the same, counting as harm only what the attackers' payloads \
          did, not the data they never brought, which no defence can give back (only a new member \
-         in the slashed seat can). Audits: {:.0}% of contributions at random plus every one \
+         in the slashed seat can). {}Audits: {:.0}% of contributions at random plus every one \
          the screen flags; a slash needs {} witnesses whose audits failed. Goals: at 33%, at least 80% \
          of the harm removed for every attack that does harm undefended, and loss ≤ 1.10× honest for \
          every mode; every attacker slashed within one epoch; audit overhead ≤ 5%.\n",
@@ -235,25 +249,40 @@ pub fn publish(
         loss.mean,
         loss.min,
         loss.max,
+        match standby {
+            Some(after) if rows.iter().any(|r| r.standby.is_some()) => format!(
+                "*With a standby* is the defended run in which a node waiting for work takes each \
+                 slashed seat {after} epoch(s) after the slash's, as `cohort node` joins any open job \
+                 it qualifies for: from the shared weights, with no momentum, on the seat's data \
+                 shard. It assumes such a node is waiting; *harm removed with a standby* is the \
+                 harm-removed share for that run. "
+            ),
+            _ => String::new(),
+        },
         100.0 * audit.rate,
         audit.quorum
     );
-    md.push_str("| mode | attackers | loss ÷ honest | undefended | honest alone | harm removed | damage removed | detected | all slashed by epoch | audit overhead | false accusations |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+    md.push_str("| mode | attackers | loss ÷ honest | undefended | honest alone | harm removed | damage removed | with a standby | harm removed with a standby | detected | all slashed by epoch | audit overhead | false accusations |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     let _ = writeln!(
         md,
-        "| honest | 0 | 1.000 | 1.000 | – | – | – | – | – | {:.2}% ({flagged:.1} honest payloads flagged per run) | {false_acc} |",
+        "| honest | 0 | 1.000 | 1.000 | – | – | – | – | – | – | – | {:.2}% ({flagged:.1} honest payloads flagged per run) | {false_acc} |",
         100.0 * overhead,
     );
     let mut worst_33 = 0.0f64;
     let mut least_removed_33 = f64::INFINITY;
     let mut least_damage_33 = f64::INFINITY;
+    let mut least_standby_33 = f64::INFINITY;
     for r in rows {
         println!("{}", line(r));
         let pct = (100.0 * r.fraction).round() as u32;
         let key = format!("{}_{pct}", r.mode.name().replace('-', "_"));
         let removed = r.removed();
         let damage = r.damage_removed();
+        let with_standby = r.removed_with_standby();
         if pct == 33 {
+            if let Some(x) = with_standby {
+                least_standby_33 = least_standby_33.min(x);
+            }
             worst_33 = worst_33.max(r.defended.mean);
             if let Some(x) = removed {
                 least_removed_33 = least_removed_33.min(x);
@@ -282,6 +311,22 @@ pub fn publish(
             .num(&format!("{key}_alone_loss_ratio"), r.alone.mean)
             .num(&format!("{key}_harm_removed"), removed.unwrap_or(nan))
             .num(&format!("{key}_damage_removed"), damage.unwrap_or(nan))
+            .num(
+                &format!("{key}_standby_loss_ratio"),
+                r.standby.map_or(nan, |x| x.mean),
+            )
+            .num(
+                &format!("{key}_standby_loss_ratio_min"),
+                r.standby.map_or(nan, |x| x.min),
+            )
+            .num(
+                &format!("{key}_standby_loss_ratio_max"),
+                r.standby.map_or(nan, |x| x.max),
+            )
+            .num(
+                &format!("{key}_harm_removed_with_standby"),
+                with_standby.unwrap_or(nan),
+            )
             .num(&format!("{key}_detection"), r.detection)
             .num(
                 &format!("{key}_epochs_to_slash"),
@@ -294,7 +339,7 @@ pub fn publish(
             );
         let _ = writeln!(
             md,
-            "| {} | {} of {members} ({pct}%) | {} | {} | {} | {} | {} | {:.0}% | {} | {:.2}% | {} |",
+            "| {} | {} of {members} ({pct}%) | {} | {} | {} | {} | {} | {} | {} | {:.0}% | {} | {:.2}% | {} |",
             r.mode.name(),
             r.count,
             r.defended.cell(),
@@ -306,6 +351,8 @@ pub fn publish(
                 (None, None) => "–".into(),
             },
             damage.map_or("–".into(), |x| format!("{:.0}%", 100.0 * x)),
+            r.standby.map_or("–".into(), |x| x.cell()),
+            with_standby.map_or("–".into(), |x| format!("{:.0}%", 100.0 * x)),
             100.0 * r.detection,
             r.epochs_to_slash.map_or("never".into(), |e| e.to_string()),
             100.0 * r.overhead,
@@ -314,7 +361,9 @@ pub fn publish(
     }
     f.num("worst_loss_ratio_at_33", worst_33)
         .num("least_harm_removed_at_33", least_removed_33)
-        .num("least_damage_removed_at_33", least_damage_33);
+        .num("least_damage_removed_at_33", least_damage_33)
+        .num("least_harm_removed_at_33_with_standby", least_standby_33)
+        .num("standby_epochs", standby.map_or(f64::NAN, f64::from));
     let goal = |ok: bool| if ok { "met" } else { "not met" };
     let removed_line = if least_removed_33.is_finite() {
         format!(
@@ -331,6 +380,16 @@ pub fn publish(
             "{removed_line}; least damage removed at 33% (harm above the honest members alone): \
              **{:.0}%** (not the goal's measure)",
             100.0 * least_damage_33
+        )
+    } else {
+        removed_line
+    };
+    let removed_line = if least_standby_33.is_finite() {
+        format!(
+            "{removed_line}; with a standby node in each slashed seat, least harm removed at 33%: \
+             **{:.0}%** (goal ≥ 80%: {})",
+            100.0 * least_standby_33,
+            goal(least_standby_33 >= 0.8)
         )
     } else {
         removed_line
@@ -374,6 +433,7 @@ mod tests {
             count: 3,
             defended: Spread::of(&[defended; 3]),
             undefended: Some(Spread::of(&undefended)),
+            standby: Some(Spread::of(&[1.0; 3])),
             alone: Spread::of(&[1.01; 3]),
             detection: 1.0,
             epochs_to_slash: Some(1),
@@ -394,6 +454,9 @@ mod tests {
         assert_eq!(row(1.0, [0.99, 1.0, 1.2]).removed(), None);
         // Every seed harmed, but too little.
         assert_eq!(row(1.0, [1.005, 1.01, 1.015]).removed(), None);
+        // With the slashed seats taken, the loss is the honest run's: all
+        // of the harm is removed.
+        assert!((r.removed_with_standby().unwrap() - 1.0).abs() < 1e-9);
         // A defence that makes it worse removes a negative share.
         assert!(row(1.30, [1.15, 1.20, 1.25]).removed().unwrap() < 0.0);
     }
