@@ -618,16 +618,21 @@ fn tried(
             continue;
         }
         let field = |n: &str| k.get(n).copied().unwrap_or("?");
-        let what = if field("method") == "cohort" {
+        let method = field("method");
+        let what = if method == "cohort" {
             format!(
                 "{} (top-{}, decoder {}, adaptive β2 {})",
-                field("method"),
+                method,
                 field("topk"),
                 field("decode"),
                 field("adaptive")
             )
+        } else if method == "sharedk" {
+            format!("sharedk ({} seeded coefficients per chunk)", field("topk"))
+        } else if let Some(cut) = method.strip_prefix("topagg") {
+            format!("topagg (top-{} payloads, votes cut to {cut} per chunk)", field("topk"))
         } else {
-            field("method").to_string()
+            method.to_string()
         };
         groups
             .entry(format!("{what} | {} | {}", field("lr"), field("momentum")))
@@ -647,8 +652,21 @@ fn tried(
         "\nWhat was tried at this horizon ({} points and seeds logged at these settings, any method, decoder, coefficients or grid point; mean over its seeds, best first):\n\n| method | lr | momentum | seeds | final val loss | ÷ best AdamW above |\n|---|---|---|---|---|---|\n",
         rows.iter().map(|r| r.2).sum::<usize>()
     );
+    let candidates = rows
+        .iter()
+        .any(|r| r.1.starts_with("sharedk") || r.1.starts_with("topagg"));
     for (mean, g, n) in rows {
         let _ = writeln!(md, "| {g} | {n} | {mean:.4} | {:.3} |", mean / adamw);
+    }
+    if candidates {
+        md.push_str(
+            "\nCandidates, measured before any reaches the engine: *sharedk* — every member sends the \
+             signs of the same DCT coefficients per chunk, drawn from the step's seed, so a \
+             coefficient costs one bit and no index, and all members vote on each (error feedback as \
+             Cohort); *topagg* — Cohort's payloads with the summed votes cut to the largest per chunk \
+             before decoding, as a sharded exchange's aggregators would publish them (`topagg0` keeps \
+             every vote and reproduces Cohort bit for bit).\n",
+        );
     }
 }
 
