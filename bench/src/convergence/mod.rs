@@ -612,6 +612,7 @@ fn tried(
     // group → seed → final loss: a dense method's run is logged again under
     // each Cohort setting it was compared in, with the same result.
     let mut groups: BTreeMap<String, BTreeMap<String, f64>> = BTreeMap::new();
+    let mut bytes: BTreeMap<String, f64> = BTreeMap::new();
     for r in done.values() {
         let k = key_fields(&r.key);
         if same.iter().any(|(n, v)| k.get(n) != Some(&v.as_str())) {
@@ -630,12 +631,17 @@ fn tried(
         } else if method == "sharedk" {
             format!("sharedk ({} seeded coefficients per chunk)", field("topk"))
         } else if let Some(cut) = method.strip_prefix("topagg") {
-            format!("topagg (top-{} payloads, votes cut to {cut} per chunk)", field("topk"))
+            format!(
+                "topagg (top-{} payloads, votes cut to {cut} per chunk)",
+                field("topk")
+            )
         } else {
             method.to_string()
         };
+        let group = format!("{what} | {} | {}", field("lr"), field("momentum"));
+        bytes.insert(group.clone(), r.bytes_per_member_step);
         groups
-            .entry(format!("{what} | {} | {}", field("lr"), field("momentum")))
+            .entry(group)
             .or_default()
             .insert(field("seed").to_string(), r.final_val_loss);
     }
@@ -649,14 +655,19 @@ fn tried(
     rows.sort_by(|a, b| a.0.total_cmp(&b.0));
     let _ = write!(
         md,
-        "\nWhat was tried at this horizon ({} points and seeds logged at these settings, any method, decoder, coefficients or grid point; mean over its seeds, best first):\n\n| method | lr | momentum | seeds | final val loss | ÷ best AdamW above |\n|---|---|---|---|---|---|\n",
+        "\nWhat was tried at this horizon ({} points and seeds logged at these settings, any method, decoder, coefficients or grid point; mean over its seeds, best first):\n\n| method | lr | momentum | seeds | final val loss | ÷ best AdamW above | bytes / member / step |\n|---|---|---|---|---|---|---|\n",
         rows.iter().map(|r| r.2).sum::<usize>()
     );
     let candidates = rows
         .iter()
         .any(|r| r.1.starts_with("sharedk") || r.1.starts_with("topagg"));
     for (mean, g, n) in rows {
-        let _ = writeln!(md, "| {g} | {n} | {mean:.4} | {:.3} |", mean / adamw);
+        let b = bytes.get(&g).copied().unwrap_or(f64::NAN);
+        let _ = writeln!(
+            md,
+            "| {g} | {n} | {mean:.4} | {:.3} | {b:.0} |",
+            mean / adamw
+        );
     }
     if candidates {
         md.push_str(
@@ -665,7 +676,9 @@ fn tried(
              coefficient costs one bit and no index, and all members vote on each (error feedback as \
              Cohort); *topagg* — Cohort's payloads with the summed votes cut to the largest per chunk \
              before decoding, as a sharded exchange's aggregators would publish them (`topagg0` keeps \
-             every vote and reproduces Cohort bit for bit).\n",
+             every vote and reproduces Cohort bit for bit). Their bytes count the payload alone; \
+             Cohort's count its encoded contribution, signed envelope (148 bytes) included, and the \
+             dense methods' their fp32 gradient.\n",
         );
     }
 }
