@@ -420,16 +420,11 @@ pub fn run(raw: &[String]) -> Result<()> {
         done.insert(k, s);
     }
     let got = |seed: u32, kind: Kind| &done[&key(&setting, seed, kind)];
-    let rows = table::rows(
-        seeds,
-        &fractions,
-        &modes,
+    let beside = table::Beside {
         undefended,
-        standby.is_some(),
-        members,
-        spe,
-        &got,
-    );
+        standby: standby.is_some(),
+    };
+    let rows = table::rows(seeds, &fractions, &modes, beside, members, spe, &got);
     let honest: Vec<&Summary> = (0..seeds).map(|s| got(s, Kind::Honest)).collect();
     let secs: f64 = runs.iter().map(|(s, k)| got(*s, *k).secs).sum();
     table::publish(&name, &rows, &honest, &setting, seeds, secs)

@@ -85,17 +85,27 @@ impl Row {
     }
 }
 
+/// Which runs beside the defended one each row has.
+#[derive(Debug, Clone, Copy)]
+pub struct Beside {
+    pub undefended: bool,
+    pub standby: bool,
+}
+
 /// One row per mode and attacker count, from the logged runs.
 pub fn rows<'a>(
     seeds: u32,
     fractions: &[f64],
     modes: &[Mode],
-    undefended: bool,
-    standby: bool,
+    beside: Beside,
     members: usize,
     spe: u32,
     got: &impl Fn(u32, Kind) -> &'a Summary,
 ) -> Vec<Row> {
+    let Beside {
+        undefended,
+        standby,
+    } = beside;
     let mut out = Vec::new();
     let mut counts: Vec<(f64, usize)> = fractions
         .iter()
