@@ -302,51 +302,33 @@ pub fn publish(
             }
         }
         let nan = f64::NAN;
-        f.num(&format!("{key}_attackers"), r.count as f64)
-            .num(&format!("{key}_loss_ratio"), r.defended.mean)
-            .num(&format!("{key}_loss_ratio_min"), r.defended.min)
-            .num(&format!("{key}_loss_ratio_max"), r.defended.max)
-            .num(
-                &format!("{key}_undefended_loss_ratio"),
-                r.undefended.map_or(nan, |u| u.mean),
-            )
-            .num(
-                &format!("{key}_undefended_loss_ratio_min"),
-                r.undefended.map_or(nan, |u| u.min),
-            )
-            .num(
-                &format!("{key}_undefended_loss_ratio_max"),
-                r.undefended.map_or(nan, |u| u.max),
-            )
-            .num(&format!("{key}_alone_loss_ratio"), r.alone.mean)
+        // A ratio over seeds as `<name>`, `<name>_min`, `<name>_max`.
+        let ratio = |f: &mut Figures, name: &str, v: Option<Spread>| {
+            f.num(&format!("{key}_{name}"), v.map_or(nan, |x| x.mean))
+                .num(&format!("{key}_{name}_min"), v.map_or(nan, |x| x.min))
+                .num(&format!("{key}_{name}_max"), v.map_or(nan, |x| x.max));
+        };
+        f.num(&format!("{key}_attackers"), r.count as f64);
+        ratio(&mut f, "loss_ratio", Some(r.defended));
+        ratio(&mut f, "undefended_loss_ratio", r.undefended);
+        f.num(&format!("{key}_alone_loss_ratio"), r.alone.mean)
             .num(&format!("{key}_harm_removed"), removed.unwrap_or(nan))
-            .num(&format!("{key}_damage_removed"), damage.unwrap_or(nan))
-            .num(
-                &format!("{key}_standby_loss_ratio"),
-                r.standby.map_or(nan, |x| x.mean),
-            )
-            .num(
-                &format!("{key}_standby_loss_ratio_min"),
-                r.standby.map_or(nan, |x| x.min),
-            )
-            .num(
-                &format!("{key}_standby_loss_ratio_max"),
-                r.standby.map_or(nan, |x| x.max),
-            )
-            .num(
-                &format!("{key}_harm_removed_with_standby"),
-                with_standby.unwrap_or(nan),
-            )
-            .num(&format!("{key}_detection"), r.detection)
-            .num(
-                &format!("{key}_epochs_to_slash"),
-                r.epochs_to_slash.map_or(nan, f64::from),
-            )
-            .num(&format!("{key}_audit_overhead_pct"), 100.0 * r.overhead)
-            .num(
-                &format!("{key}_false_accusations"),
-                r.false_accusations as f64,
-            );
+            .num(&format!("{key}_damage_removed"), damage.unwrap_or(nan));
+        ratio(&mut f, "standby_loss_ratio", r.standby);
+        f.num(
+            &format!("{key}_harm_removed_with_standby"),
+            with_standby.unwrap_or(nan),
+        )
+        .num(&format!("{key}_detection"), r.detection)
+        .num(
+            &format!("{key}_epochs_to_slash"),
+            r.epochs_to_slash.map_or(nan, f64::from),
+        )
+        .num(&format!("{key}_audit_overhead_pct"), 100.0 * r.overhead)
+        .num(
+            &format!("{key}_false_accusations"),
+            r.false_accusations as f64,
+        );
         let _ = writeln!(
             md,
             "| {} | {} of {members} ({pct}%) | {} | {} | {} | {} | {} | {} | {} | {:.0}% | {} | {:.2}% | {} |",
