@@ -29,7 +29,7 @@
 use crate::adversary::{self, Attack, Mode};
 use crate::audit::{self, AuditConfig, Comparison};
 use crate::backend::GradientEngine;
-use crate::compress::Payload;
+use crate::compress::{Draw, Payload};
 use crate::data::Corpus;
 use crate::defence::{self, Accusation, Duty, Policy, Tally};
 use crate::error::EngineError;
@@ -275,6 +275,9 @@ pub fn run(
                     )
                 }
             };
+            // What the wire carries: under the shared rule, signs at the
+            // step's drawn positions, whatever positions a forger chose.
+            let payload = payload.as_sent(&layout, Draw::for_step(&run.job, step));
             first_sent.entry(i).or_insert_with(|| payload.clone());
             sent.push((i, payload));
         }
@@ -526,7 +529,7 @@ impl Audited<'_> {
         };
         let (_, mut grads) = witness.member_gradients(self.seed, self.epoch, self.step, index)?;
         noise(&mut grads, self.step);
-        let (again, _) = witness.compress_from(self.momentum, &grads)?;
+        let (again, _) = witness.compress_from(self.momentum, &grads, self.step)?;
         let comparison = audit::compare(witness.layout(), self.sent, &again);
         let mut chain_error = None;
         if let Some(p) = self

@@ -1,6 +1,7 @@
 //! DeMo/DisTrO-style compression: momentum with decay, DCT over fixed chunks,
-//! top-k per chunk sent as 1-bit signs plus indices, error feedback; and the
-//! decoder that turns members' sparse signs into one update direction.
+//! k coefficients per chunk sent as 1-bit signs (the member's own top-k with
+//! their indices, or the step's shared draw with no indices), error feedback;
+//! and the decoder that turns members' sparse signs into one update direction.
 
 use crate::dct::{Dct, Tiling};
 use crate::error::EngineError;
@@ -16,6 +17,63 @@ pub struct CompressConfig {
     pub decay: f32,
     /// How the summed votes become an update direction.
     pub decode: Decode,
+    /// Which `topk` coefficients per chunk a member sends.
+    pub select: Select,
+}
+
+/// Which coefficients of a chunk a member sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Select {
+    /// Its own k largest (DeMo/DisTrO): each sign travels with its index,
+    /// and members seldom pick the same coefficient.
+    TopK,
+    /// The k the step's [`Draw`] names, the same on every member: only the
+    /// signs travel (1 bit per coefficient, no indices), and every member
+    /// votes on every sent coefficient.
+    Shared,
+}
+
+/// The seed of a step's shared coefficient draw ([`Select::Shared`]): a
+/// hash of the job and the step, so every member draws the same positions
+/// and nobody chooses them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Draw(pub u64);
+
+impl Draw {
+    pub fn for_step(job: &[u8; 32], step: u32) -> Self {
+        let mut h = blake3::Hasher::new();
+        h.update(b"cohort-draw");
+        h.update(job);
+        h.update(&step.to_le_bytes());
+        let b = h.finalize();
+        Draw(u64::from_le_bytes(
+            b.as_bytes()[..8].try_into().expect("8 bytes"),
+        ))
+    }
+
+    /// The `k` coefficients of chunk `ch` of parameter `p` (of `size`),
+    /// ascending, into `out`: a partial Fisher–Yates shuffle driven by
+    /// SplitMix64, written out here because every node must draw the very
+    /// same positions whatever crate versions it was built with.
+    pub fn positions(self, p: usize, ch: usize, size: usize, k: usize, out: &mut Vec<u16>) {
+        out.clear();
+        out.extend(0..size as u16);
+        let mut state = self.0 ^ ((p as u64) << 40) ^ (ch as u64);
+        for i in 0..k.min(size) {
+            let j = i + (splitmix_next(&mut state) % (size - i) as u64) as usize;
+            out.swap(i, j);
+        }
+        out.truncate(k.min(size));
+        out.sort_unstable();
+    }
+}
+
+fn splitmix_next(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 /// The decoder's last stage, after the inverse DCT of the summed signs.
@@ -37,6 +95,7 @@ impl Default for CompressConfig {
             // (docs/benchmarks.md, tuning notes).
             decay: 0.9,
             decode: Decode::Sign,
+            select: Select::TopK,
         }
     }
 }
@@ -46,6 +105,7 @@ impl Default for CompressConfig {
 pub struct Layout {
     pub dcts: Vec<Dct>,
     pub topk: Vec<usize>,
+    pub select: Select,
 }
 
 impl Layout {
@@ -58,7 +118,11 @@ impl Layout {
             .iter()
             .map(|d| cfg.topk.min(d.tiling.chunk_size()))
             .collect();
-        Self { dcts, topk }
+        Self {
+            dcts,
+            topk,
+            select: cfg.select,
+        }
     }
 
     pub fn numel(&self, p: usize) -> usize {
@@ -119,6 +183,64 @@ impl Payload {
     }
 }
 
+impl Payload {
+    /// Under [`Select::Shared`], checks every chunk sends exactly the
+    /// positions `draw` names (a payload built elsewhere than the wire
+    /// decoder, which fills them in itself, could name others).
+    pub fn check_drawn(&self, layout: &Layout, draw: Draw) -> Result<(), EngineError> {
+        if layout.select != Select::Shared {
+            return Ok(());
+        }
+        let mut want = Vec::new();
+        for (p, s) in self.params.iter().enumerate() {
+            let (k, t) = (layout.topk[p], &layout.dcts[p].tiling);
+            for (ch, got) in s.idx.chunks(k).enumerate() {
+                draw.positions(p, ch, t.chunk_size(), k, &mut want);
+                if got != want.as_slice() {
+                    return Err(EngineError::Shape(format!(
+                        "parameter {p} chunk {ch}: not the step's drawn coefficients"
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Payload {
+    /// The payload a receiver decodes from the one a forger meant: under
+    /// [`Select::Shared`] only signs travel, one per drawn position, so each
+    /// drawn position gets the sign the forger gave it, or, where it named
+    /// another position, the sign in the same slot. An in-process run (the
+    /// arena) passes forged payloads through this, as the wire would.
+    pub fn as_sent(mut self, layout: &Layout, draw: Draw) -> Payload {
+        if layout.select != Select::Shared || self.validate(layout).is_err() {
+            return self;
+        }
+        let mut drawn = Vec::new();
+        for (p, s) in self.params.iter_mut().enumerate() {
+            let (k, t) = (layout.topk[p], &layout.dcts[p].tiling);
+            let mut neg = Vec::with_capacity(s.neg.len());
+            for ch in 0..t.chunks() {
+                draw.positions(p, ch, t.chunk_size(), k, &mut drawn);
+                let range = ch * k..(ch + 1) * k;
+                let (named, signs) = (&s.idx[range.clone()], &s.neg[range]);
+                for (slot, i) in drawn.iter().enumerate() {
+                    let at = named.binary_search(i).unwrap_or(slot);
+                    neg.push(signs[at]);
+                }
+            }
+            s.neg = neg;
+            s.idx.clear();
+            for ch in 0..t.chunks() {
+                draw.positions(p, ch, t.chunk_size(), k, &mut drawn);
+                s.idx.extend_from_slice(&drawn);
+            }
+        }
+        self
+    }
+}
+
 /// A member's compressor state: its momentum, which keeps what was not sent.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Compressor {
@@ -136,13 +258,15 @@ impl Compressor {
         }
     }
 
-    /// Folds `grads` into the momentum and extracts its top-k DCT components,
+    /// Folds `grads` into the momentum and extracts k DCT components per
+    /// chunk (its top-k, or the ones `draw` names under [`Select::Shared`]),
     /// removing them from the momentum (error feedback). Non-finite gradients
     /// are refused before anything changes.
     pub fn compress(
         &mut self,
         layout: &Layout,
         grads: &[Vec<f32>],
+        draw: Draw,
     ) -> Result<Payload, EngineError> {
         if grads.len() != self.momentum.len() {
             return Err(EngineError::Shape(format!(
@@ -170,7 +294,13 @@ impl Compressor {
             .par_iter()
             .zip(self.momentum.par_iter_mut())
             .enumerate()
-            .map(|(p, (g, m))| compress_param(&layout.dcts[p], layout.topk[p], decay, m, g))
+            .map(|(p, (g, m))| {
+                let pick = match layout.select {
+                    Select::TopK => Pick::Largest,
+                    Select::Shared => Pick::Drawn(draw, p),
+                };
+                compress_param(&layout.dcts[p], layout.topk[p], decay, m, g, pick)
+            })
             .collect();
         Ok(Payload { params })
     }
@@ -233,8 +363,23 @@ fn remove_param(dct: &Dct, k: usize, decay: f32, m: &mut [f32], g: &[f32], idx: 
     }
 }
 
-/// Momentum update, top-k extraction and error feedback for one parameter.
-fn compress_param(dct: &Dct, k: usize, decay: f32, m: &mut [f32], g: &[f32]) -> SparseSigns {
+/// How [`compress_param`] picks a chunk's coefficients.
+#[derive(Clone, Copy)]
+enum Pick {
+    Largest,
+    /// The draw's positions for this parameter index.
+    Drawn(Draw, usize),
+}
+
+/// Momentum update, coefficient extraction and error feedback for one parameter.
+fn compress_param(
+    dct: &Dct,
+    k: usize,
+    decay: f32,
+    m: &mut [f32],
+    g: &[f32],
+    pick: Pick,
+) -> SparseSigns {
     for (mi, gi) in m.iter_mut().zip(g) {
         *mi = decay * *mi + gi;
     }
@@ -245,19 +390,28 @@ fn compress_param(dct: &Dct, k: usize, decay: f32, m: &mut [f32], g: &[f32]) -> 
     let mut out = SparseSigns::default();
     for ch in 0..dct.tiling.chunks() {
         dct.forward_chunk(m, ch, &mut coef, &mut tmp);
-        order.clear();
-        order.extend(0..size as u16);
-        // Largest magnitude first; ties broken by index so every
-        // implementation keeps the same coefficients.
-        order.select_nth_unstable_by(k - 1, |&a, &b| {
-            coef[b as usize]
-                .abs()
-                .total_cmp(&coef[a as usize].abs())
-                .then(a.cmp(&b))
-        });
-        let kept = &mut order[..k];
-        kept.sort_unstable();
-        for &i in kept.iter() {
+        let kept: &[u16] = match pick {
+            Pick::Largest => {
+                order.clear();
+                order.extend(0..size as u16);
+                // Largest magnitude first; ties broken by index so every
+                // implementation keeps the same coefficients.
+                order.select_nth_unstable_by(k - 1, |&a, &b| {
+                    coef[b as usize]
+                        .abs()
+                        .total_cmp(&coef[a as usize].abs())
+                        .then(a.cmp(&b))
+                });
+                let kept = &mut order[..k];
+                kept.sort_unstable();
+                kept
+            }
+            Pick::Drawn(draw, p) => {
+                draw.positions(p, ch, size, k, &mut order);
+                &order
+            }
+        };
+        for &i in kept {
             let v = coef[i as usize];
             out.idx.push(i);
             out.neg.push(v < 0.0);
@@ -373,6 +527,7 @@ mod tests {
             topk: 5,
             decay: 0.9,
             decode: Decode::Sign,
+            select: Select::TopK,
         }
     }
 
@@ -387,7 +542,7 @@ mod tests {
             let grads: Vec<Vec<f32>> = (0..3)
                 .map(|p| crate::dct::test_values(layout.numel(p), 10 * step + p as u64))
                 .collect();
-            let payload = c.compress(&layout, &grads).unwrap();
+            let payload = c.compress(&layout, &grads, Draw(0)).unwrap();
             payload.validate(&layout).unwrap();
             for p in 0..3 {
                 for (m, g) in reference[p].iter_mut().zip(&grads[p]) {
@@ -432,7 +587,7 @@ mod tests {
         }
         let before = member.momentum.clone();
         let g = grads(7);
-        let sent = member.compress(&layout, &g).unwrap();
+        let sent = member.compress(&layout, &g, Draw(0)).unwrap();
         let mut replay = Compressor {
             cfg,
             momentum: before.clone(),
@@ -461,7 +616,7 @@ mod tests {
             cfg,
             momentum: before,
         };
-        reranked.compress(&layout, &noisy).unwrap();
+        reranked.compress(&layout, &noisy, Draw(0)).unwrap();
         let err = |m: &[Vec<f32>]| crate::audit::chain_error(&member.momentum, m, &g);
         let (follow, rerank) = (err(&followed.momentum), err(&reranked.momentum));
         eprintln!("chain error under 1% noise: following {follow:.5}, re-ranking {rerank:.5}");
@@ -476,6 +631,78 @@ mod tests {
         assert!(followed.fold_and_remove(&layout, &g, &wrong).is_err());
     }
 
+    /// The shared rule's payload for `seed`'s random gradients at `step`.
+    fn shared_payload(seed: u64, step: u32) -> (Layout, Payload, Compressor) {
+        let cfg = CompressConfig {
+            topk: 9,
+            select: Select::Shared,
+            ..small_chunks()
+        };
+        let shapes = vec![vec![128, 64], vec![7]];
+        let layout = Layout::new(&shapes, &cfg);
+        let mut c = Compressor::new(&layout, cfg);
+        let g: Vec<Vec<f32>> = (0..2)
+            .map(|p| crate::dct::test_values(layout.numel(p), seed + p as u64))
+            .collect();
+        let draw = Draw::for_step(&[7; 32], step);
+        let payload = c.compress(&layout, &g, draw).unwrap();
+        (layout, payload, c)
+    }
+
+    #[test]
+    fn shared_selection_sends_the_same_drawn_positions_from_every_member_and_moves_each_step() {
+        let (layout, a, _) = shared_payload(1, 5);
+        let (_, b, _) = shared_payload(2, 5);
+        let (_, later, _) = shared_payload(1, 6);
+        a.validate(&layout).unwrap();
+        for (pa, pb) in a.params.iter().zip(&b.params) {
+            assert_eq!(pa.idx, pb.idx, "members draw the same positions");
+        }
+        assert_ne!(a.params[0].neg, b.params[0].neg, "but send their own signs");
+        assert_ne!(
+            a.params[0].idx, later.params[0].idx,
+            "the draw moves with the step"
+        );
+        // A chunk smaller than k sends all of it.
+        assert_eq!(a.params[1].idx, (0..7).collect::<Vec<u16>>());
+        let draw = Draw::for_step(&[7; 32], 5);
+        a.check_drawn(&layout, draw).unwrap();
+        assert!(later.check_drawn(&layout, draw).is_err());
+        let mut moved = a.clone();
+        let last = moved.params[0].idx.len() - 1;
+        moved.params[0].idx[last] = if moved.params[0].idx[last] == 4095 {
+            4094
+        } else {
+            4095
+        };
+        assert!(
+            moved.check_drawn(&layout, draw).is_err(),
+            "another position is refused"
+        );
+    }
+
+    #[test]
+    fn shared_selection_removes_exactly_the_coefficients_it_sent() {
+        let (layout, sent, c) = shared_payload(3, 9);
+        // The chain check's replay from the same gradients lands on the
+        // same momentum, bit for bit.
+        let mut replay = Compressor::new(&layout, c.cfg);
+        let g: Vec<Vec<f32>> = (0..2)
+            .map(|p| crate::dct::test_values(layout.numel(p), 3 + p as u64))
+            .collect();
+        replay.fold_and_remove(&layout, &g, &sent).unwrap();
+        assert_eq!(replay.momentum, c.momentum);
+        // What was sent is gone from the momentum; the rest is kept.
+        let dct = &layout.dcts[0];
+        let (mut coef, mut tmp) = (vec![0f32; dct.tiling.chunk_size()], Vec::new());
+        dct.forward_chunk(&c.momentum[0], 0, &mut coef, &mut tmp);
+        let k = layout.topk[0];
+        for &i in &sent.params[0].idx[..k] {
+            assert!(coef[i as usize].abs() < 1e-4, "{}", coef[i as usize]);
+        }
+        assert!(coef.iter().filter(|v| v.abs() > 1e-3).count() > k);
+    }
+
     #[test]
     fn error_feedback_keeps_what_was_not_sent() {
         let shapes = vec![vec![64, 64]];
@@ -484,12 +711,13 @@ mod tests {
             topk: 4,
             decay: 1.0,
             decode: Decode::Sign,
+            select: Select::TopK,
         };
         let layout = Layout::new(&shapes, &cfg);
         let mut c = Compressor::new(&layout, cfg);
         let g = vec![crate::dct::test_values(4096, 1)];
         let energy = |v: &[f32]| v.iter().map(|x| x * x).sum::<f32>();
-        c.compress(&layout, &g).unwrap();
+        c.compress(&layout, &g, Draw(0)).unwrap();
         // Only 4 of 4096 coefficients left: most of the energy stays in momentum.
         let kept = energy(&c.momentum[0]) / energy(&g[0]);
         assert!(kept > 0.9 && kept < 1.0, "{kept}");
@@ -599,12 +827,12 @@ mod tests {
         let mut g = vec![vec![0.5f32; 64]];
         g[0][7] = f32::NAN;
         assert!(matches!(
-            c.compress(&layout, &g),
+            c.compress(&layout, &g, Draw(0)),
             Err(EngineError::NonFinite(_))
         ));
         g[0][7] = f32::INFINITY;
         assert!(matches!(
-            c.compress(&layout, &g),
+            c.compress(&layout, &g, Draw(0)),
             Err(EngineError::NonFinite(_))
         ));
         assert_eq!(c, before);

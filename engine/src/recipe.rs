@@ -3,7 +3,7 @@
 //! build that would train differently refuses the job up front instead of
 //! silently rejecting its peers' payloads.
 
-use crate::compress::Decode;
+use crate::compress::{Decode, Select};
 use crate::model::ModelConfig;
 use crate::trainer::TrainConfig;
 use cohort_program::state::JobSpec;
@@ -74,6 +74,10 @@ pub fn hash(t: &TrainConfig) -> [u8; 32] {
     h.update(&[match c.decode {
         Decode::Sign => 0,
         Decode::Rms => 1,
+    }]);
+    h.update(&[match c.select {
+        Select::TopK => 0,
+        Select::Shared => 1,
     }]);
     let l = &t.lr;
     h.update(&l.base.to_bits().to_le_bytes());
@@ -147,11 +151,17 @@ mod tests {
         let mut micro = base;
         micro.micro_batch = 1;
         assert_eq!(hash(&micro), h);
-        let changes: [fn(&mut TrainConfig); 9] = [
+        let changes: [fn(&mut TrainConfig); 10] = [
             |t| t.compress.max_chunk /= 2,
             |t| t.compress.topk += 1,
             |t| t.compress.decay *= 0.5,
             |t| t.compress.decode = Decode::Rms,
+            |t| {
+                t.compress.select = match t.compress.select {
+                    Select::TopK => Select::Shared,
+                    Select::Shared => Select::TopK,
+                }
+            },
             |t| t.lr.base *= 2.0,
             |t| t.lr.warmup += 1,
             |t| t.weight_decay = 0.0,

@@ -170,7 +170,7 @@ impl Trainer {
         momentum: &[Vec<f32>],
     ) -> Result<(crate::compress::Payload, Vec<Vec<f32>>), EngineError> {
         let (_, grads) = self.member_gradients_on(weights, seed, epoch, step, index)?;
-        self.compress_from(momentum, &grads)
+        self.compress_from(momentum, &grads, step)
     }
 
     /// [`Self::member_gradients`] on `weights` instead of the current ones.
@@ -189,18 +189,19 @@ impl Trainer {
     }
 
     /// Compresses `grads` from `momentum` as a member with that momentum
-    /// would (the witness side of an audit); also returns the momentum left
-    /// afterwards.
+    /// would for `step` (the witness side of an audit); also returns the
+    /// momentum left afterwards.
     pub fn compress_from(
         &self,
         momentum: &[Vec<f32>],
         grads: &[Vec<f32>],
+        step: u32,
     ) -> Result<(crate::compress::Payload, Vec<Vec<f32>>), EngineError> {
         let mut c = Compressor {
             cfg: self.cfg.compress,
             momentum: momentum.to_vec(),
         };
-        let p = c.compress(&self.layout, grads)?;
+        let p = c.compress(&self.layout, grads, self.draw(step))?;
         Ok((p, c.momentum))
     }
 
@@ -219,6 +220,11 @@ impl Trainer {
         };
         c.fold_and_remove(&self.layout, grads, sent)?;
         Ok(c.momentum)
+    }
+
+    /// The shared coefficient draw of this job's `step`.
+    pub fn draw(&self, step: u32) -> crate::compress::Draw {
+        crate::compress::Draw::for_step(&self.id.job, step)
     }
 
     /// The momentum decay (β) this job compresses with.
@@ -329,7 +335,8 @@ impl Trainer {
             grads.iter_mut().flatten().for_each(|g| *g *= scale);
         }
         let momentum_hash = crate::audit::momentum_hash(&self.compressor.momentum);
-        let payload = self.compressor.compress(&self.layout, &grads)?;
+        let draw = self.draw(step);
+        let payload = self.compressor.compress(&self.layout, &grads, draw)?;
         let c = Contribution {
             job: self.id.job,
             epoch,

@@ -1,15 +1,18 @@
-//! Wire format of a contribution, version 3. Little-endian; every size exact.
+//! Wire format of a contribution, version 4. Little-endian; every size exact.
 //!
 //! ```text
 //! signed       := contribution | ed25519 signature [64] by `member` over
-//!                 "cohort-contribution-v3" | contribution
+//!                 "cohort-contribution-v4" | contribution
 //! contribution := magic "CHC" | version u8 | job [32] | epoch u32 | step u32
 //!                 | member [32] | train_loss f32 | momentum_hash [32]
 //!                 | basis [32] | payload_len u32 | payload
-//! payload      := param_count u16 | per parameter:
-//!                   chunks u32 | chunk_size u16 | k u8
-//!                   | ceil(chunks * k * (index_bits + 1) / 8) bytes of
-//!                     (index, sign) pairs, LSB-first, index_bits = ceil(log2(chunk_size))
+//! payload      := param_count u16 | select u8 | per parameter:
+//!                   chunks u32 | chunk_size u16 | k u16 | signs
+//! signs, select 0 (top-k)  := ceil(chunks * k * (index_bits + 1) / 8) bytes of
+//!                   (index, sign) pairs, LSB-first, index_bits = ceil(log2(chunk_size))
+//! signs, select 1 (shared) := ceil(chunks * k / 8) bytes of sign bits, LSB-first,
+//!                   one per position of the step's draw (`compress::Draw`,
+//!                   from the contribution's job and step), chunk by chunk
 //! ```
 //! The receiver checks every count against its own model layout, so a payload
 //! for another shape is refused rather than misread. Members exchange the
@@ -20,15 +23,15 @@
 //! another: after a rewind, an honest member's contribution computed on the
 //! abandoned history is skipped, never recomputed on weights it did not see.
 
-use crate::compress::{Layout, Payload, SparseSigns};
+use crate::compress::{Draw, Layout, Payload, Select, SparseSigns};
 use crate::error::EngineError;
 use cohort_program::codec::Reader;
 use libp2p::identity::ed25519;
 
-pub const VERSION: u8 = 3;
+pub const VERSION: u8 = 4;
 /// Bytes the signature adds to a signed contribution.
 pub const SIGNATURE_LEN: usize = 64;
-const SIGN_DOMAIN: &[u8] = b"cohort-contribution-v3";
+const SIGN_DOMAIN: &[u8] = b"cohort-contribution-v4";
 const MAGIC: &[u8; 3] = b"CHC";
 /// Bytes of a contribution before its payload.
 pub const HEADER_LEN: usize = 3 + 1 + 32 + 4 + 4 + 32 + 4 + 32 + 32 + 4;
@@ -53,15 +56,32 @@ fn index_bits(chunk_size: usize) -> u32 {
     usize::BITS - (chunk_size.max(2) - 1).leading_zeros()
 }
 
+/// Bits one sent coefficient takes under `layout`'s selection.
+fn coefficient_bits(layout: &Layout, chunk_size: usize) -> u32 {
+    match layout.select {
+        Select::TopK => index_bits(chunk_size) + 1,
+        Select::Shared => 1,
+    }
+}
+
+fn select_byte(select: Select) -> u8 {
+    match select {
+        Select::TopK => 0,
+        Select::Shared => 1,
+    }
+}
+
 /// Exact encoded size of a payload for `layout`, without encoding it.
 pub fn payload_len(layout: &Layout) -> usize {
-    2 + (0..layout.dcts.len())
-        .map(|p| {
-            let t = &layout.dcts[p].tiling;
-            let bits = t.chunks() * layout.topk[p] * (index_bits(t.chunk_size()) as usize + 1);
-            4 + 2 + 1 + bits.div_ceil(8)
-        })
-        .sum::<usize>()
+    2 + 1
+        + (0..layout.dcts.len())
+            .map(|p| {
+                let t = &layout.dcts[p].tiling;
+                let bits =
+                    t.chunks() * layout.topk[p] * coefficient_bits(layout, t.chunk_size()) as usize;
+                4 + 2 + 2 + bits.div_ceil(8)
+            })
+            .sum::<usize>()
 }
 
 struct BitWriter {
@@ -97,15 +117,26 @@ pub fn encode_payload(p: &Payload, layout: &Layout) -> Vec<u8> {
     };
     w.out
         .extend_from_slice(&(p.params.len() as u16).to_le_bytes());
+    w.out.push(select_byte(layout.select));
     for (i, s) in p.params.iter().enumerate() {
         let t = &layout.dcts[i].tiling;
         w.out.extend_from_slice(&(t.chunks() as u32).to_le_bytes());
         w.out
             .extend_from_slice(&(t.chunk_size() as u16).to_le_bytes());
-        w.out.push(layout.topk[i] as u8);
-        let bits = index_bits(t.chunk_size());
-        for (idx, neg) in s.idx.iter().zip(&s.neg) {
-            w.put(*idx as u64 | ((*neg as u64) << bits), bits + 1);
+        w.out
+            .extend_from_slice(&(layout.topk[i] as u16).to_le_bytes());
+        match layout.select {
+            Select::TopK => {
+                let bits = index_bits(t.chunk_size());
+                for (idx, neg) in s.idx.iter().zip(&s.neg) {
+                    w.put(*idx as u64 | ((*neg as u64) << bits), bits + 1);
+                }
+            }
+            Select::Shared => {
+                for neg in &s.neg {
+                    w.put(*neg as u64, 1);
+                }
+            }
         }
         w.flush();
     }
@@ -119,7 +150,9 @@ fn trailing(r: &Reader) -> Result<(), EngineError> {
     }
 }
 
-pub fn decode_payload(buf: &[u8], layout: &Layout) -> Result<Payload, EngineError> {
+/// Decodes a payload for `layout`; under [`Select::Shared`] its positions
+/// are `draw`'s (the contribution's job and step), filled in here.
+pub fn decode_payload(buf: &[u8], layout: &Layout, draw: Draw) -> Result<Payload, EngineError> {
     let mut c = Reader::new(buf);
     let count = c.u16()? as usize;
     if count != layout.dcts.len() {
@@ -128,10 +161,18 @@ pub fn decode_payload(buf: &[u8], layout: &Layout) -> Result<Payload, EngineErro
             layout.dcts.len()
         )));
     }
+    let select = c.u8()?;
+    if select != select_byte(layout.select) {
+        return Err(EngineError::Shape(format!(
+            "payload selects coefficients by rule {select}, the job by rule {}",
+            select_byte(layout.select)
+        )));
+    }
+    let mut drawn = Vec::new();
     let mut params = Vec::with_capacity(count);
     for p in 0..count {
         let t = &layout.dcts[p].tiling;
-        let (chunks, size, k) = (c.u32()? as usize, c.u16()? as usize, c.u8()? as usize);
+        let (chunks, size, k) = (c.u32()? as usize, c.u16()? as usize, c.u16()? as usize);
         if chunks != t.chunks() || size != t.chunk_size() || k != layout.topk[p] {
             return Err(EngineError::Shape(format!(
                 "parameter {p}: {chunks} chunks of {size} with k={k}, model has {} of {} with k={}",
@@ -140,24 +181,37 @@ pub fn decode_payload(buf: &[u8], layout: &Layout) -> Result<Payload, EngineErro
                 layout.topk[p]
             )));
         }
-        let bits = index_bits(size);
         let n = chunks * k;
-        let bytes = c.bytes((n * (bits as usize + 1)).div_ceil(8))?;
         let mut s = SparseSigns {
             idx: Vec::with_capacity(n),
             neg: Vec::with_capacity(n),
         };
-        let (mut acc, mut have, mut pos) = (0u64, 0u32, 0usize);
-        for _ in 0..n {
-            while have < bits + 1 {
-                acc |= (bytes[pos] as u64) << have;
-                pos += 1;
-                have += 8;
+        match layout.select {
+            Select::TopK => {
+                let bits = index_bits(size);
+                let bytes = c.bytes((n * (bits as usize + 1)).div_ceil(8))?;
+                let (mut acc, mut have, mut pos) = (0u64, 0u32, 0usize);
+                for _ in 0..n {
+                    while have < bits + 1 {
+                        acc |= (bytes[pos] as u64) << have;
+                        pos += 1;
+                        have += 8;
+                    }
+                    s.idx.push((acc & ((1 << bits) - 1)) as u16);
+                    s.neg.push((acc >> bits) & 1 == 1);
+                    acc >>= bits + 1;
+                    have -= bits + 1;
+                }
             }
-            s.idx.push((acc & ((1 << bits) - 1)) as u16);
-            s.neg.push((acc >> bits) & 1 == 1);
-            acc >>= bits + 1;
-            have -= bits + 1;
+            Select::Shared => {
+                let bytes = c.bytes(n.div_ceil(8))?;
+                s.neg
+                    .extend((0..n).map(|i| (bytes[i / 8] >> (i % 8)) & 1 == 1));
+                for ch in 0..chunks {
+                    draw.positions(p, ch, size, k, &mut drawn);
+                    s.idx.extend_from_slice(&drawn);
+                }
+            }
         }
         params.push(s);
     }
@@ -236,7 +290,7 @@ impl Contribution {
         let momentum_hash = c.array()?;
         let basis = c.array()?;
         let len = c.u32()? as usize;
-        let payload = decode_payload(c.bytes(len)?, layout)?;
+        let payload = decode_payload(c.bytes(len)?, layout, Draw::for_step(&job, step))?;
         trailing(&c)?;
         Ok(Self {
             job,
@@ -257,9 +311,19 @@ mod tests {
     use crate::compress::{CompressConfig, Compressor};
 
     fn sample() -> (Layout, Contribution) {
+        sample_with(Select::TopK)
+    }
+
+    fn sample_with(select: Select) -> (Layout, Contribution) {
         let shapes = vec![vec![128, 64], vec![64], vec![30, 7]];
-        let layout = Layout::new(&shapes, &CompressConfig::default());
-        let mut c = Compressor::new(&layout, CompressConfig::default());
+        let cfg = CompressConfig {
+            select,
+            // Over 255, so the coefficient count needs its two bytes.
+            topk: if select == Select::Shared { 300 } else { 4 },
+            ..CompressConfig::default()
+        };
+        let layout = Layout::new(&shapes, &cfg);
+        let mut c = Compressor::new(&layout, cfg);
         let grads: Vec<Vec<f32>> = (0..3)
             .map(|p| {
                 (0..layout.numel(p))
@@ -267,7 +331,9 @@ mod tests {
                     .collect()
             })
             .collect();
-        let payload = c.compress(&layout, &grads).unwrap();
+        let payload = c
+            .compress(&layout, &grads, Draw::for_step(&[1; 32], 17))
+            .unwrap();
         let contribution = Contribution {
             job: [1; 32],
             epoch: 2,
@@ -283,10 +349,31 @@ mod tests {
 
     #[test]
     fn round_trip_and_exact_size() {
-        let (layout, c) = sample();
-        let bytes = c.encode(&layout);
-        assert_eq!(bytes.len(), HEADER_LEN + payload_len(&layout));
-        assert_eq!(Contribution::decode(&bytes, &layout).unwrap(), c);
+        for select in [Select::TopK, Select::Shared] {
+            let (layout, c) = sample_with(select);
+            let bytes = c.encode(&layout);
+            assert_eq!(bytes.len(), HEADER_LEN + payload_len(&layout));
+            assert_eq!(Contribution::decode(&bytes, &layout).unwrap(), c);
+        }
+    }
+
+    #[test]
+    fn shared_signs_decode_at_the_positions_of_their_own_job_and_step() {
+        let (layout, c) = sample_with(Select::Shared);
+        let mut moved = c.clone();
+        moved.step += 1;
+        let back = Contribution::decode(&moved.encode(&layout), &layout).unwrap();
+        assert_eq!(back.payload.params[0].neg, c.payload.params[0].neg);
+        assert_ne!(back.payload.params[0].idx, c.payload.params[0].idx);
+        back.payload
+            .check_drawn(&layout, Draw::for_step(&back.job, back.step))
+            .unwrap();
+        // A payload of the other rule is refused, not misread.
+        let (topk, t) = sample_with(Select::TopK);
+        assert!(matches!(
+            Contribution::decode(&t.encode(&topk), &layout),
+            Err(EngineError::Shape(_))
+        ));
     }
 
     #[test]
@@ -346,10 +433,19 @@ mod tests {
     }
 
     #[test]
-    fn a_4096_chunk_with_k4_costs_52_bits() {
+    fn a_4096_chunk_costs_13_bits_a_coefficient_under_top_k_and_1_bit_shared() {
         let layout = Layout::new(&[vec![64, 64]], &CompressConfig::default());
-        // 2 (count) + 4 + 2 + 1 (per-parameter header) + 4 * 13 bits = 7 bytes.
-        assert_eq!(payload_len(&layout), 2 + 7 + 7);
+        // 2 (count) + 1 (rule) + 4 + 2 + 2 (per-parameter header) + 4 * 13 bits = 7 bytes.
+        assert_eq!(payload_len(&layout), 3 + 8 + 7);
+        let shared = Layout::new(
+            &[vec![64, 64]],
+            &CompressConfig {
+                topk: 61,
+                select: Select::Shared,
+                ..CompressConfig::default()
+            },
+        );
+        assert_eq!(payload_len(&shared), 3 + 8 + 8);
     }
 
     #[test]

@@ -7,6 +7,7 @@ use cohort_engine::adversary::Mode;
 use cohort_engine::arena::{self, ArenaConfig, ArenaReport};
 use cohort_engine::audit::AuditConfig;
 use cohort_engine::backend::{self, GradientEngine};
+use cohort_engine::compress::{CompressConfig, Select};
 use cohort_engine::data::Corpus;
 use cohort_engine::net::msg::Manifest;
 use cohort_engine::net::step::{StepMachine, Timing, Verdict};
@@ -98,6 +99,34 @@ fn sign_flippers_are_slashed_and_their_seats_taken_by_honest_newcomers() {
     let seats: BTreeMap<usize, u32> = [(1, EPOCH), (4, EPOCH)].into();
     assert_eq!(r.refilled, seats, "seat → step a newcomer took it");
     assert_loss_unharmed(&r);
+}
+
+/// The shared rule (every member sends signs at the step's drawn
+/// positions): the screen still tells the flippers' agreement from the
+/// honest members', audits recompute the drawn positions exactly, and no
+/// honest member loses its vote to the screen.
+#[test]
+fn under_the_shared_rule_sign_flippers_are_slashed_and_no_honest_member_is_flagged() {
+    let mut cfg = config(&[(1, Mode::SignFlip), (4, Mode::SignFlip)], true);
+    cfg.run.train.compress = CompressConfig {
+        select: Select::Shared,
+        topk: 61,
+        decay: 0.99,
+        ..CompressConfig::default()
+    };
+    let r = run(&cfg);
+    eprintln!(
+        "shared sign-flip: slashed {:?}, audits {} ({} targeted, {} honest flagged), overhead {:.1}%, worst honest {:?}",
+        r.slashed,
+        r.audits,
+        r.targeted,
+        r.honest_flagged,
+        100.0 * r.audit_overhead(),
+        r.worst_honest
+    );
+    assert_eq!(r.false_accusations, 0, "an honest member was slashed");
+    assert_eq!(r.honest_flagged, 0, "an honest member was flagged");
+    assert_slashed_in_first_epoch(&r);
 }
 
 #[test]

@@ -5,7 +5,9 @@
 
 use anyhow::Result;
 use cohort_engine::backend;
-use cohort_engine::compress::{CompressConfig, Compressor, Decode, Layout, Payload, aggregate};
+use cohort_engine::compress::{
+    CompressConfig, Compressor, Decode, Draw, Layout, Payload, Select, aggregate,
+};
 use cohort_engine::data::Corpus;
 use cohort_engine::model::ModelConfig;
 use cohort_engine::optim::{AdamW, LrSchedule, sign_sgd_step};
@@ -19,10 +21,12 @@ pub enum Method {
     AdamW,
     SignSgd,
     Cohort,
-    /// Candidate: every member votes the signs of the same `topk` DCT
-    /// coefficients per chunk, drawn from the step's seed, so positions cost
-    /// no bytes (1 bit per coefficient) and all members vote on each one.
-    SharedK,
+    /// The engine's shared rule ([`Select::Shared`]): every member votes the
+    /// signs of the same `shared_k` DCT coefficients per chunk, drawn from
+    /// the job and step, so positions cost no bytes (1 bit per coefficient)
+    /// and all members vote on each one. (Its bench-only prototype was
+    /// logged as `sharedk`.)
+    Shared,
     /// Cohort's payloads, but the summed votes are cut to the `K` largest
     /// per chunk before decoding, as a sharded exchange's aggregators would
     /// publish them (issue 18, item 3). `K` = 0 keeps every vote: Cohort's
@@ -35,7 +39,7 @@ impl Method {
         Method::AdamW,
         Method::SignSgd,
         Method::Cohort,
-        Method::SharedK,
+        Method::Shared,
     ];
 
     pub fn key(self) -> String {
@@ -43,7 +47,7 @@ impl Method {
             Method::AdamW => "adamw".into(),
             Method::SignSgd => "sign".into(),
             Method::Cohort => "cohort".into(),
-            Method::SharedK => "sharedk".into(),
+            Method::Shared => "shared".into(),
             Method::TopAgg(k) => format!("topagg{k}"),
         }
     }
@@ -52,8 +56,8 @@ impl Method {
         match self {
             Method::AdamW => "dense AdamW",
             Method::SignSgd => "dense sign-SGD",
-            Method::Cohort => "Cohort compressed",
-            Method::SharedK => "shared random-k signs (candidate)",
+            Method::Cohort => "Cohort top-k signs",
+            Method::Shared => "Cohort shared random-k signs",
             Method::TopAgg(_) => "Cohort, votes cut to the top K per chunk",
         }
     }
@@ -70,7 +74,7 @@ impl Method {
             .find(|m| m.key() == s)
             .ok_or_else(|| {
                 anyhow::anyhow!(
-                    "unknown method `{s}`: expected adamw, sign, cohort, sharedk or topagg<K>"
+                    "unknown method `{s}`: expected adamw, sign, cohort, shared or topagg<K>"
                 )
             })
     }
@@ -91,6 +95,8 @@ pub struct Setting {
     pub batch: usize,
     pub steps: u32,
     pub topk: usize,
+    /// Coefficients per chunk of the shared rule.
+    pub shared_k: usize,
     pub decode: Decode,
     pub adaptive_beta2: f32,
     pub weight_decay: f32,
@@ -126,14 +132,26 @@ impl Setting {
         }
     }
 
+    /// Coefficients per chunk `method` sends.
+    pub fn k(&self, method: Method) -> usize {
+        match method {
+            Method::Shared => self.shared_k,
+            _ => self.topk,
+        }
+    }
+
     fn run_config(&self, p: &Point) -> RunConfig {
         RunConfig {
             train: TrainConfig {
                 model: self.model,
                 compress: CompressConfig {
-                    topk: self.topk,
+                    topk: self.k(p.method),
                     decay: p.momentum,
                     decode: self.decode,
+                    select: match p.method {
+                        Method::Shared => Select::Shared,
+                        _ => Select::TopK,
+                    },
                     ..CompressConfig::default()
                 },
                 lr: self.lr(p.lr),
@@ -158,7 +176,7 @@ impl Setting {
     pub fn run(&self, p: &Point, corpus: &Corpus) -> Result<Outcome> {
         let cfg = self.run_config(p);
         match p.method {
-            Method::Cohort => {
+            Method::Cohort | Method::Shared => {
                 let engines = (0..cfg.members).map(|_| backend::cpu()).collect();
                 let r = runner::run_scheduled(&cfg, p.schedule, corpus, engines, |_| {})?;
                 Ok(Outcome {
@@ -168,9 +186,7 @@ impl Setting {
                     tokens_per_sec: r.tokens_per_sec,
                 })
             }
-            Method::AdamW | Method::SignSgd | Method::SharedK | Method::TopAgg(_) => {
-                dense(p, &cfg, corpus)
-            }
+            Method::AdamW | Method::SignSgd | Method::TopAgg(_) => dense(p, &cfg, corpus),
         }
     }
 }
@@ -210,22 +226,6 @@ fn dense(p: &Point, cfg: &RunConfig, corpus: &Corpus) -> Result<Outcome> {
     let mut eval_secs = 0.0;
     let mut val_loss = f32::NAN;
     let mut ahead: Option<Vec<Vec<Vec<f32>>>> = None;
-    let shared = (p.method == Method::SharedK).then(|| {
-        let layout = Layout::new(
-            &params.shapes,
-            &CompressConfig {
-                topk: cfg.train.compress.topk,
-                ..CompressConfig::default()
-            },
-        );
-        // Indexed [parameter][member], so parameters fold in parallel.
-        let momenta: Vec<Vec<Vec<f32>>> = sizes
-            .iter()
-            .map(|n| vec![vec![0.0; *n]; cfg.members])
-            .collect();
-        (layout, momenta)
-    });
-    let mut shared = shared;
     let cut = match p.method {
         Method::TopAgg(k) => {
             let compress = CompressConfig {
@@ -289,7 +289,7 @@ fn dense(p: &Point, cfg: &RunConfig, corpus: &Corpus) -> Result<Outcome> {
                 let payloads = compressors
                     .iter_mut()
                     .zip(&grads)
-                    .map(|(c, g)| c.compress(layout, g))
+                    .map(|(c, g)| c.compress(layout, g, Draw(0)))
                     .collect::<Result<Vec<_>, _>>()?;
                 bytes_per_member_step = wire::payload_len(layout) as f64;
                 let dirs = if *k == 0 {
@@ -298,17 +298,6 @@ fn dense(p: &Point, cfg: &RunConfig, corpus: &Corpus) -> Result<Outcome> {
                 } else {
                     aggregate_top(layout, &payloads, *k)
                 };
-                sign_sgd_step(
-                    &mut params.values,
-                    &dirs,
-                    lr.at(step),
-                    cfg.train.weight_decay,
-                );
-            }
-            Method::SharedK => {
-                let (layout, momenta) = shared.as_mut().expect("set up for SharedK");
-                let (dirs, bits) = shared_k_step(layout, momenta, &grads, p.momentum, step);
-                bytes_per_member_step = bits.div_ceil(8) as f64;
                 sign_sgd_step(
                     &mut params.values,
                     &dirs,
@@ -360,90 +349,6 @@ fn dense(p: &Point, cfg: &RunConfig, corpus: &Corpus) -> Result<Outcome> {
         bytes_per_member_step,
         tokens_per_sec: tokens / wall,
     })
-}
-
-/// One step of the shared random-k candidate: each member folds its gradient
-/// into its momentum, sends the signs of the step's drawn DCT coefficients and
-/// removes them from its momentum (error feedback, as Cohort does); the
-/// integer vote per coefficient is inverse-DCT'd and its sign is the update
-/// direction. Returns the direction and the bits each member sent.
-/// `momenta` is indexed [parameter][member].
-fn shared_k_step(
-    layout: &Layout,
-    momenta: &mut [Vec<Vec<f32>>],
-    grads: &[Vec<Vec<f32>>],
-    decay: f32,
-    step: u32,
-) -> (Vec<Vec<f32>>, usize) {
-    use rayon::prelude::*;
-    let bits = (0..layout.dcts.len())
-        .map(|p| layout.dcts[p].tiling.chunks() * layout.topk[p])
-        .sum();
-    let dirs = momenta
-        .par_iter_mut()
-        .enumerate()
-        .map(|(p, member_m)| {
-            let dct = &layout.dcts[p];
-            let (size, k) = (dct.tiling.chunk_size(), layout.topk[p]);
-            let mut x = vec![0f32; layout.numel(p)];
-            let (mut coef, mut tmp) = (vec![0f32; size], Vec::new());
-            let mut order: Vec<u32> = Vec::with_capacity(size);
-            let mut votes = vec![0i32; k];
-            for (m, g) in member_m.iter_mut().zip(grads) {
-                for (mi, gi) in m.iter_mut().zip(&g[p]) {
-                    *mi = decay * *mi + gi;
-                }
-            }
-            for ch in 0..dct.tiling.chunks() {
-                // The step's draw: k distinct coefficients, the same on every member.
-                let mut rng = splitmix(((step as u64) << 40) ^ ((p as u64) << 20) ^ ch as u64);
-                order.clear();
-                order.extend(0..size as u32);
-                for i in 0..k {
-                    let j = i + (next(&mut rng) % (size - i) as u64) as usize;
-                    order.swap(i, j);
-                }
-                let kept = &mut order[..k];
-                kept.sort_unstable();
-                votes.fill(0);
-                for m in member_m.iter_mut() {
-                    dct.forward_chunk(m, ch, &mut coef, &mut tmp);
-                    for (v, &i) in votes.iter_mut().zip(kept.iter()) {
-                        let c = coef[i as usize];
-                        *v += if c > 0.0 {
-                            1
-                        } else if c < 0.0 {
-                            -1
-                        } else {
-                            0
-                        };
-                        dct.add_basis(m, ch, i as usize, -c);
-                    }
-                }
-                for (v, &i) in votes.iter().zip(kept.iter()) {
-                    if *v != 0 {
-                        dct.add_basis(&mut x, ch, i as usize, *v as f32);
-                    }
-                }
-            }
-            x.iter_mut()
-                .for_each(|v| *v = v.signum() * (*v != 0.0) as u8 as f32);
-            x
-        })
-        .collect();
-    (dirs, bits)
-}
-
-fn splitmix(seed: u64) -> u64 {
-    seed.wrapping_add(0x9E37_79B9_7F4A_7C15)
-}
-
-fn next(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 /// The members' votes summed per coefficient (integers), cut to the `cut`

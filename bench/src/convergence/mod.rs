@@ -143,6 +143,7 @@ pub fn run(raw: &[String]) -> Result<()> {
             "arch",
             "batch",
             "topk",
+            "shared-k",
             "decode",
             "adaptive",
             "eval-windows",
@@ -168,6 +169,7 @@ pub fn run(raw: &[String]) -> Result<()> {
         batch: args.get("batch", 8)?,
         steps,
         topk: args.get("topk", 4)?,
+        shared_k: args.get("shared-k", 61)?,
         decode: match args.get("decode", "sign".to_string())?.as_str() {
             "rms" => Decode::Rms,
             "sign" => Decode::Sign,
@@ -186,7 +188,7 @@ pub fn run(raw: &[String]) -> Result<()> {
         .iter()
         .map(|m| Method::parse(m))
         .collect::<Result<_>>()?,
-        lrs: list(&args.get("lrs", "0.001,0.003".to_string())?, "lrs")?,
+        lrs: list(&args.get("lrs", "0.0003,0.001,0.003".to_string())?, "lrs")?,
         momenta: list(&args.get("momenta", "0.9,0.95".to_string())?, "momenta")?,
         grid_seeds: args.get("grid-seeds", 1)?,
         seeds: args.get("seeds", 3)?,
@@ -354,7 +356,7 @@ impl Best {
             (Method::AdamW, Schedule::Lockstep) => [120, 120, 120],
             (Method::SignSgd, _) => [230, 120, 20],
             (Method::Cohort, _) => [44, 160, 44],
-            (Method::SharedK, _) => [148, 103, 189],
+            (Method::Shared, _) => [148, 103, 189],
             (Method::TopAgg(_), _) => [140, 86, 75],
         }
     }
@@ -628,8 +630,8 @@ fn tried(
                 field("decode"),
                 field("adaptive")
             )
-        } else if method == "sharedk" {
-            format!("sharedk ({} seeded coefficients per chunk)", field("topk"))
+        } else if method == "sharedk" || method == "shared" {
+            format!("{method} ({} drawn coefficients per chunk)", field("topk"))
         } else if let Some(cut) = method.strip_prefix("topagg") {
             format!(
                 "topagg (top-{} payloads, votes cut to {cut} per chunk)",
@@ -660,7 +662,7 @@ fn tried(
     );
     let candidates = rows
         .iter()
-        .any(|r| r.1.starts_with("sharedk") || r.1.starts_with("topagg"));
+        .any(|r| r.1.starts_with("shared") || r.1.starts_with("topagg"));
     for (mean, g, n) in rows {
         let b = bytes.get(&g).copied().unwrap_or(f64::NAN);
         let _ = writeln!(
@@ -671,14 +673,15 @@ fn tried(
     }
     if candidates {
         md.push_str(
-            "\nCandidates, measured before any reaches the engine: *sharedk* — every member sends the \
-             signs of the same DCT coefficients per chunk, drawn from the step's seed, so a \
-             coefficient costs one bit and no index, and all members vote on each (error feedback as \
-             Cohort); *topagg* — Cohort's payloads with the summed votes cut to the largest per chunk \
+            "\nRules beside Cohort's top-k: *shared* — the engine's shared rule (`Select::Shared`): \
+             every member sends the signs of the same DCT coefficients per chunk, drawn from the \
+             job and step, so a coefficient costs one bit and no index, and all members vote on \
+             each (error feedback as Cohort); *sharedk* — its bench-only prototype, which gave a \
+             coefficient of exactly zero no vote where the engine votes it positive; *topagg* — Cohort's payloads with the summed votes cut to the largest per chunk \
              before decoding, as a sharded exchange's aggregators would publish them (`topagg0` keeps \
-             every vote and reproduces Cohort bit for bit). Their bytes count the payload alone; \
-             Cohort's count its encoded contribution, signed envelope (148 bytes) included, and the \
-             dense methods' their fp32 gradient.\n",
+             every vote and reproduces Cohort bit for bit). The bytes of *sharedk* and *topagg* count \
+             the payload alone; Cohort's and *shared*'s count the encoded contribution, signed \
+             envelope (148 bytes) included, and the dense methods' their fp32 gradient.\n",
         );
     }
 }

@@ -23,7 +23,7 @@ pub fn key(s: &Setting, p: &Point) -> String {
         s.members,
         s.batch,
         s.steps,
-        s.topk,
+        s.k(p.method),
         s.decode,
         s.adaptive_beta2,
         s.weight_decay,

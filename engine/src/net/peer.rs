@@ -27,6 +27,8 @@ pub const USAGE: &str = "usage: cohort-peer --index I --members N [options]
   --arch ARCH         model, e.g. \"gpt l2 d64 h4 s64\"         [tiny]
   --batch B           sequences per member per step           [8]
   --topk K            coefficients sent per 64x64 chunk        [4]
+  --select RULE       topk (each member's largest, with indices) or
+                      shared (the step's drawn positions, signs only) [topk]
   --spill-above BYTES keep states and momenta this large on disk [16777216]
   --rate-mbit X       shape sent bytes to X Mbit/s per peer
   --rtt-ms Y          add Y ms round trip (Y/2 per direction)
@@ -155,6 +157,7 @@ fn parse(args: &[String]) -> Result<(NodeConfig, BackendChoice), String> {
     let mut timing = Timing::default();
     let mut min_peers = 0usize;
     let mut topk = None;
+    let mut select = None;
     let mut spill_above = node::SPILL_ABOVE;
     let mut backfill_from = None;
     let mut backend = BackendChoice::Cpu;
@@ -183,6 +186,13 @@ fn parse(args: &[String]) -> Result<(NodeConfig, BackendChoice), String> {
             "--arch" => arch = Some(value()?),
             "--batch" => batch = num(flag, value()?)?,
             "--topk" => topk = Some(num::<usize>(flag, value()?)?),
+            "--select" => {
+                select = Some(match value()?.as_str() {
+                    "topk" => crate::compress::Select::TopK,
+                    "shared" => crate::compress::Select::Shared,
+                    other => return Err(format!("--select {other}: expected topk or shared")),
+                })
+            }
             "--spill-above" => spill_above = num(flag, value()?)?,
             "--rate-mbit" => mbit = num(flag, value()?)?,
             "--rtt-ms" => rtt = num(flag, value()?)?,
@@ -240,6 +250,9 @@ fn parse(args: &[String]) -> Result<(NodeConfig, BackendChoice), String> {
             ));
         }
         train.compress.topk = k;
+    }
+    if let Some(s) = select {
+        train.compress.select = s;
     }
     let shapes: Vec<Vec<usize>> = train.model.shapes().into_iter().map(|(_, s)| s).collect();
     let layout = crate::compress::Layout::new(&shapes, &train.compress);
