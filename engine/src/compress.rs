@@ -129,6 +129,20 @@ impl Layout {
         self.dcts[p].tiling.rows * self.dcts[p].tiling.cols
     }
 
+    /// Parameter `p`'s positions under `draw`, chunk by chunk, `topk[p]`
+    /// ascending per chunk: what every member sends at that step under
+    /// [`Select::Shared`].
+    pub fn drawn(&self, p: usize, draw: Draw) -> Vec<u16> {
+        let (k, t) = (self.topk[p], &self.dcts[p].tiling);
+        let mut out = Vec::with_capacity(t.chunks() * k);
+        let mut one = Vec::new();
+        for ch in 0..t.chunks() {
+            draw.positions(p, ch, t.chunk_size(), k, &mut one);
+            out.extend_from_slice(&one);
+        }
+        out
+    }
+
     pub fn total_numel(&self) -> usize {
         (0..self.dcts.len()).map(|p| self.numel(p)).sum()
     }
@@ -184,30 +198,23 @@ impl Payload {
 }
 
 impl Payload {
-    /// Under [`Select::Shared`], checks every chunk sends exactly the
+    /// Under [`Select::Shared`], checks every parameter sends exactly the
     /// positions `draw` names (a payload built elsewhere than the wire
     /// decoder, which fills them in itself, could name others).
     pub fn check_drawn(&self, layout: &Layout, draw: Draw) -> Result<(), EngineError> {
         if layout.select != Select::Shared {
             return Ok(());
         }
-        let mut want = Vec::new();
         for (p, s) in self.params.iter().enumerate() {
-            let (k, t) = (layout.topk[p], &layout.dcts[p].tiling);
-            for (ch, got) in s.idx.chunks(k).enumerate() {
-                draw.positions(p, ch, t.chunk_size(), k, &mut want);
-                if got != want.as_slice() {
-                    return Err(EngineError::Shape(format!(
-                        "parameter {p} chunk {ch}: not the step's drawn coefficients"
-                    )));
-                }
+            if s.idx != layout.drawn(p, draw) {
+                return Err(EngineError::Shape(format!(
+                    "parameter {p}: not the step's drawn coefficients"
+                )));
             }
         }
         Ok(())
     }
-}
 
-impl Payload {
     /// The payload a receiver decodes from the one a forger meant: under
     /// [`Select::Shared`] only signs travel, one per drawn position, so each
     /// drawn position gets the sign the forger gave it, or, where it named
@@ -217,25 +224,18 @@ impl Payload {
         if layout.select != Select::Shared || self.validate(layout).is_err() {
             return self;
         }
-        let mut drawn = Vec::new();
         for (p, s) in self.params.iter_mut().enumerate() {
-            let (k, t) = (layout.topk[p], &layout.dcts[p].tiling);
-            let mut neg = Vec::with_capacity(s.neg.len());
-            for ch in 0..t.chunks() {
-                draw.positions(p, ch, t.chunk_size(), k, &mut drawn);
-                let range = ch * k..(ch + 1) * k;
-                let (named, signs) = (&s.idx[range.clone()], &s.neg[range]);
-                for (slot, i) in drawn.iter().enumerate() {
-                    let at = named.binary_search(i).unwrap_or(slot);
-                    neg.push(signs[at]);
-                }
-            }
-            s.neg = neg;
-            s.idx.clear();
-            for ch in 0..t.chunks() {
-                draw.positions(p, ch, t.chunk_size(), k, &mut drawn);
-                s.idx.extend_from_slice(&drawn);
-            }
+            let (k, drawn) = (layout.topk[p], layout.drawn(p, draw));
+            let neg = drawn
+                .chunks(k)
+                .zip(s.idx.chunks(k).zip(s.neg.chunks(k)))
+                .flat_map(|(want, (named, signs))| {
+                    want.iter()
+                        .enumerate()
+                        .map(|(slot, i)| signs[named.binary_search(i).unwrap_or(slot)])
+                })
+                .collect();
+            *s = SparseSigns { idx: drawn, neg };
         }
         self
     }
@@ -295,11 +295,18 @@ impl Compressor {
             .zip(self.momentum.par_iter_mut())
             .enumerate()
             .map(|(p, (g, m))| {
-                let pick = match layout.select {
-                    Select::TopK => Pick::Largest,
-                    Select::Shared => Pick::Drawn(draw, p),
+                let drawn = match layout.select {
+                    Select::TopK => None,
+                    Select::Shared => Some(layout.drawn(p, draw)),
                 };
-                compress_param(&layout.dcts[p], layout.topk[p], decay, m, g, pick)
+                compress_param(
+                    &layout.dcts[p],
+                    layout.topk[p],
+                    decay,
+                    m,
+                    g,
+                    drawn.as_deref(),
+                )
             })
             .collect();
         Ok(Payload { params })
@@ -363,22 +370,15 @@ fn remove_param(dct: &Dct, k: usize, decay: f32, m: &mut [f32], g: &[f32], idx: 
     }
 }
 
-/// How [`compress_param`] picks a chunk's coefficients.
-#[derive(Clone, Copy)]
-enum Pick {
-    Largest,
-    /// The draw's positions for this parameter index.
-    Drawn(Draw, usize),
-}
-
-/// Momentum update, coefficient extraction and error feedback for one parameter.
+/// Momentum update, coefficient extraction (the `k` largest per chunk, or
+/// the `drawn` ones) and error feedback for one parameter.
 fn compress_param(
     dct: &Dct,
     k: usize,
     decay: f32,
     m: &mut [f32],
     g: &[f32],
-    pick: Pick,
+    drawn: Option<&[u16]>,
 ) -> SparseSigns {
     for (mi, gi) in m.iter_mut().zip(g) {
         *mi = decay * *mi + gi;
@@ -390,8 +390,8 @@ fn compress_param(
     let mut out = SparseSigns::default();
     for ch in 0..dct.tiling.chunks() {
         dct.forward_chunk(m, ch, &mut coef, &mut tmp);
-        let kept: &[u16] = match pick {
-            Pick::Largest => {
+        let kept: &[u16] = match drawn {
+            None => {
                 order.clear();
                 order.extend(0..size as u16);
                 // Largest magnitude first; ties broken by index so every
@@ -406,10 +406,7 @@ fn compress_param(
                 kept.sort_unstable();
                 kept
             }
-            Pick::Drawn(draw, p) => {
-                draw.positions(p, ch, size, k, &mut order);
-                &order
-            }
+            Some(drawn) => &drawn[ch * k..(ch + 1) * k],
         };
         for &i in kept {
             let v = coef[i as usize];

@@ -168,7 +168,6 @@ pub fn decode_payload(buf: &[u8], layout: &Layout, draw: Draw) -> Result<Payload
             select_byte(layout.select)
         )));
     }
-    let mut drawn = Vec::new();
     let mut params = Vec::with_capacity(count);
     for p in 0..count {
         let t = &layout.dcts[p].tiling;
@@ -207,10 +206,7 @@ pub fn decode_payload(buf: &[u8], layout: &Layout, draw: Draw) -> Result<Payload
                 let bytes = c.bytes(n.div_ceil(8))?;
                 s.neg
                     .extend((0..n).map(|i| (bytes[i / 8] >> (i % 8)) & 1 == 1));
-                for ch in 0..chunks {
-                    draw.positions(p, ch, size, k, &mut drawn);
-                    s.idx.extend_from_slice(&drawn);
-                }
+                s.idx = layout.drawn(p, draw);
             }
         }
         params.push(s);
