@@ -68,6 +68,18 @@ impl Draw {
     }
 }
 
+impl Draw {
+    /// Shuffles `items` by this draw (Fisher–Yates on SplitMix64, salted
+    /// apart from [`Draw::positions`]): the same order on every node.
+    pub fn shuffle<T>(self, items: &mut [T]) {
+        let mut state = self.0 ^ 0x5348_4152_4453_0000;
+        for i in (1..items.len()).rev() {
+            let j = (splitmix_next(&mut state) % (i as u64 + 1)) as usize;
+            items.swap(i, j);
+        }
+    }
+}
+
 fn splitmix_next(state: &mut u64) -> u64 {
     *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
     let mut z = *state;
@@ -461,31 +473,37 @@ pub fn aggregate(
                     votes[i as usize] = 0;
                 }
             }
-            match decode {
-                Decode::Sign => {
-                    for v in x.iter_mut() {
-                        *v = if *v > 0.0 {
-                            1.0
-                        } else if *v < 0.0 {
-                            -1.0
-                        } else {
-                            0.0
-                        };
-                    }
-                }
-                Decode::Rms => {
-                    // f64 accumulation in index order: the same bits on every node.
-                    let ms = x.iter().map(|v| (*v as f64) * (*v as f64)).sum::<f64>()
-                        / x.len().max(1) as f64;
-                    if ms > 0.0 {
-                        let inv = (1.0 / ms.sqrt()) as f32;
-                        x.iter_mut().for_each(|v| *v *= inv);
-                    }
-                }
-            }
+            finish(&mut x, decode);
             x
         })
         .collect()
+}
+
+/// The decoder's last stage on one parameter's inverse-DCT'd votes (see
+/// [`Decode`]); shared by every path that decodes votes.
+pub fn finish(x: &mut [f32], decode: Decode) {
+    match decode {
+        Decode::Sign => {
+            for v in x.iter_mut() {
+                *v = if *v > 0.0 {
+                    1.0
+                } else if *v < 0.0 {
+                    -1.0
+                } else {
+                    0.0
+                };
+            }
+        }
+        Decode::Rms => {
+            // f64 accumulation in index order: the same bits on every node.
+            let ms =
+                x.iter().map(|v| (*v as f64) * (*v as f64)).sum::<f64>() / x.len().max(1) as f64;
+            if ms > 0.0 {
+                let inv = (1.0 / ms.sqrt()) as f32;
+                x.iter_mut().for_each(|v| *v *= inv);
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -27,6 +27,7 @@ pub mod optim;
 pub mod params;
 pub mod probe;
 pub mod recipe;
+pub mod shard;
 pub mod wire;
 
 pub use error::EngineError;

@@ -1,0 +1,346 @@
+//! The sharded exchange's arithmetic under the shared rule: how a step's
+//! drawn positions split into shards, which members aggregate each shard,
+//! the exact integer vote sums an aggregator publishes, the direction every
+//! node decodes from those sums, and the check that pins a lying aggregator
+//! to one position. Pure functions with no I/O, for the node and the
+//! simulator alike (issue "Scale", item 2).
+//!
+//! Why the shared rule: every member votes on the same positions, so a
+//! shard's aggregate is one integer per position, of a fixed size whatever
+//! the member count, nothing is re-sparsified, and anyone holding the
+//! members' signed slices recomputes it exactly.
+
+use crate::compress::{Decode, Draw, Layout, Payload, Select, finish};
+use crate::error::EngineError;
+use std::ops::Range;
+
+/// One shard: consecutive chunks, counted over every parameter in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Shard {
+    /// (parameter, its chunks in this shard), in order.
+    pub pieces: Vec<(usize, Range<usize>)>,
+    /// Drawn positions in the shard: the length of its vote sums.
+    pub positions: usize,
+}
+
+/// A shard's published sums disagree with the members' slices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "position {position} of the shard: the aggregator published {claimed}, the slices sum to {actual}"
+)]
+pub struct Fraud {
+    pub position: usize,
+    pub claimed: i32,
+    pub actual: i32,
+}
+
+/// Splits `layout`'s drawn positions into `count` shards of nearly equal
+/// size, never cutting a chunk.
+pub fn split(layout: &Layout, count: usize) -> Result<Vec<Shard>, EngineError> {
+    if layout.select != Select::Shared {
+        return Err(EngineError::Config(
+            "a sharded exchange needs the shared rule: top-k payloads name positions of their own"
+                .into(),
+        ));
+    }
+    let chunks: usize = layout.dcts.iter().map(|d| d.tiling.chunks()).sum();
+    if count == 0 || count > chunks {
+        return Err(EngineError::Config(format!(
+            "{count} shards for {chunks} chunks: expected 1 to {chunks}"
+        )));
+    }
+    let total: usize = (0..layout.dcts.len())
+        .map(|p| layout.dcts[p].tiling.chunks() * layout.topk[p])
+        .sum();
+    let mut out: Vec<Shard> = Vec::with_capacity(count);
+    let mut current = Shard {
+        pieces: Vec::new(),
+        positions: 0,
+    };
+    let mut done = 0usize;
+    let mut left = chunks;
+    for p in 0..layout.dcts.len() {
+        let k = layout.topk[p];
+        for ch in 0..layout.dcts[p].tiling.chunks() {
+            match current.pieces.last_mut() {
+                Some((q, r)) if *q == p && r.end == ch => r.end += 1,
+                _ => current.pieces.push((p, ch..ch + 1)),
+            }
+            current.positions += k;
+            done += k;
+            left -= 1;
+            let shards_left = count - out.len() - 1;
+            // Close the shard at its share of the positions, or when every
+            // chunk left is needed to give each later shard one.
+            let share = done * count >= (out.len() + 1) * total;
+            if shards_left > 0 && (share || left == shards_left) {
+                out.push(std::mem::replace(
+                    &mut current,
+                    Shard {
+                        pieces: Vec::new(),
+                        positions: 0,
+                    },
+                ));
+            }
+        }
+    }
+    out.push(current);
+    Ok(out)
+}
+
+/// The `redundancy` distinct members that aggregate each of `shards`
+/// shards at a step: the members shuffled by `draw`, then dealt round
+/// robin, so each aggregates `shards · redundancy / members` shards, give or
+/// take one, and nobody picks what it aggregates.
+pub fn aggregators(
+    members: &[u32],
+    shards: usize,
+    redundancy: usize,
+    draw: Draw,
+) -> Result<Vec<Vec<u32>>, EngineError> {
+    if redundancy == 0 || redundancy > members.len() {
+        return Err(EngineError::Config(format!(
+            "redundancy {redundancy} with {} members: expected 1 to {}",
+            members.len(),
+            members.len()
+        )));
+    }
+    let mut order = members.to_vec();
+    draw.shuffle(&mut order);
+    let n = order.len();
+    Ok((0..shards)
+        .map(|s| {
+            (0..redundancy)
+                .map(|j| order[(s * redundancy + j) % n])
+                .collect()
+        })
+        .collect())
+}
+
+/// A member's signs in one shard, in order (true = negative): what it
+/// sends that shard's aggregators.
+pub fn slice(shard: &Shard, layout: &Layout, payload: &Payload) -> Vec<bool> {
+    let mut out = Vec::with_capacity(shard.positions);
+    for (p, chunks) in &shard.pieces {
+        let k = layout.topk[*p];
+        out.extend_from_slice(&payload.params[*p].neg[chunks.start * k..chunks.end * k]);
+    }
+    out
+}
+
+/// The integer vote sum per position of one shard over weighted slices:
+/// what its aggregators publish. Integers, so every honest aggregator
+/// publishes the same sums in any order.
+pub fn sum(slices: &[(&[bool], i32)], positions: usize) -> Result<Vec<i32>, EngineError> {
+    let mut out = vec![0i32; positions];
+    for (s, w) in slices {
+        if s.len() != positions {
+            return Err(EngineError::Shape(format!(
+                "a slice of {} signs for a shard of {positions} positions",
+                s.len()
+            )));
+        }
+        for (o, neg) in out.iter_mut().zip(s.iter()) {
+            *o += if *neg { -w } else { *w };
+        }
+    }
+    Ok(out)
+}
+
+/// Checks published sums against the slices they claim to sum: the first
+/// position that differs is the fraud proof, checkable by anyone holding
+/// the members' signed slices.
+pub fn check(claimed: &[i32], slices: &[(&[bool], i32)]) -> Result<(), Fraud> {
+    let actual = sum(slices, claimed.len()).map_err(|_| Fraud {
+        position: 0,
+        claimed: claimed.first().copied().unwrap_or(0),
+        actual: 0,
+    })?;
+    match claimed.iter().zip(&actual).position(|(c, a)| c != a) {
+        None => Ok(()),
+        Some(position) => Err(Fraud {
+            position,
+            claimed: claimed[position],
+            actual: actual[position],
+        }),
+    }
+}
+
+/// The update direction decoded from every shard's sums: the same bits as
+/// [`crate::compress::aggregate`] over the members' whole payloads, since
+/// within a chunk the basis functions go in in the same ascending order.
+pub fn decode(
+    layout: &Layout,
+    shards: &[Shard],
+    sums: &[Vec<i32>],
+    draw: Draw,
+    decode: Decode,
+) -> Result<Vec<Vec<f32>>, EngineError> {
+    if sums.len() != shards.len() || shards.iter().zip(sums).any(|(s, v)| s.positions != v.len()) {
+        return Err(EngineError::Shape(
+            "the sums do not match the shards".into(),
+        ));
+    }
+    let mut x: Vec<Vec<f32>> = (0..layout.dcts.len())
+        .map(|p| vec![0f32; layout.numel(p)])
+        .collect();
+    let drawn: Vec<Vec<u16>> = (0..layout.dcts.len())
+        .map(|p| layout.drawn(p, draw))
+        .collect();
+    for (shard, v) in shards.iter().zip(sums) {
+        let mut at = 0;
+        for (p, chunks) in &shard.pieces {
+            let (k, dct) = (layout.topk[*p], &layout.dcts[*p]);
+            for ch in chunks.clone() {
+                for (i, s) in drawn[*p][ch * k..(ch + 1) * k].iter().zip(&v[at..at + k]) {
+                    if *s != 0 {
+                        dct.add_basis(&mut x[*p], ch, *i as usize, *s as f32);
+                    }
+                }
+                at += k;
+            }
+        }
+    }
+    x.iter_mut().for_each(|x| finish(x, decode));
+    Ok(x)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compress::{CompressConfig, Compressor, aggregate};
+
+    fn layout() -> Layout {
+        Layout::new(
+            &[vec![128, 64], vec![64], vec![96, 40]],
+            &CompressConfig {
+                max_chunk: 32,
+                topk: 9,
+                select: Select::Shared,
+                ..CompressConfig::default()
+            },
+        )
+    }
+
+    /// `n` members' payloads for one step.
+    fn payloads(layout: &Layout, n: usize, draw: Draw) -> Vec<Payload> {
+        (0..n)
+            .map(|m| {
+                let mut c = Compressor::new(
+                    layout,
+                    CompressConfig {
+                        select: Select::Shared,
+                        ..CompressConfig::default()
+                    },
+                );
+                let g: Vec<Vec<f32>> = (0..layout.dcts.len())
+                    .map(|p| crate::dct::test_values(layout.numel(p), (100 * m + p) as u64))
+                    .collect();
+                c.compress(layout, &g, draw).unwrap()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn shards_cover_every_position_once_in_order_and_nearly_equally() {
+        let l = layout();
+        let total: usize = (0..3).map(|p| l.dcts[p].tiling.chunks() * l.topk[p]).sum();
+        for count in [1, 2, 5, 7] {
+            let s = split(&l, count).unwrap();
+            assert_eq!(s.len(), count);
+            assert_eq!(s.iter().map(|s| s.positions).sum::<usize>(), total);
+            let mut next = (0, 0);
+            for shard in &s {
+                for (p, r) in &shard.pieces {
+                    if (*p, r.start) != next {
+                        assert_eq!((*p, r.start), (next.0 + 1, 0), "a gap or an overlap");
+                    }
+                    next = (*p, r.end);
+                }
+            }
+            let biggest_chunk = 9;
+            let (lo, hi) = (
+                s.iter().map(|s| s.positions).min().unwrap(),
+                s.iter().map(|s| s.positions).max().unwrap(),
+            );
+            assert!(hi - lo <= 2 * biggest_chunk, "{count} shards: {lo}..{hi}");
+        }
+        assert!(split(&l, 0).is_err());
+        let topk = Layout::new(&[vec![64, 64]], &CompressConfig::default());
+        assert!(
+            split(&topk, 1).is_err(),
+            "top-k payloads cannot be summed by shard"
+        );
+    }
+
+    #[test]
+    fn every_shard_gets_distinct_aggregators_and_the_load_is_even_and_moves_each_step() {
+        let members: Vec<u32> = (0..10).collect();
+        let a = aggregators(&members, 16, 3, Draw(1)).unwrap();
+        let mut load = [0usize; 10];
+        for agg in &a {
+            let mut d = agg.clone();
+            d.sort_unstable();
+            d.dedup();
+            assert_eq!(d.len(), 3, "{agg:?}");
+            agg.iter().for_each(|m| load[*m as usize] += 1);
+        }
+        // 16 shards × 3 = 48 seats over 10 members: 4 or 5 each.
+        assert!(load.iter().all(|l| (4..=5).contains(l)), "{load:?}");
+        assert_ne!(a, aggregators(&members, 16, 3, Draw(2)).unwrap());
+        assert!(aggregators(&members, 16, 11, Draw(1)).is_err());
+    }
+
+    #[test]
+    fn decoding_the_shard_sums_gives_the_all_to_all_direction_bit_for_bit() {
+        let l = layout();
+        let draw = Draw::for_step(&[3; 32], 11);
+        let ps = payloads(&l, 5, draw);
+        // One payload flagged by the screen: weight 0, as the node applies.
+        let weights = [1, 1, 0, 1, 1];
+        let shards = split(&l, 7).unwrap();
+        let sums: Vec<Vec<i32>> = shards
+            .iter()
+            .map(|s| {
+                let slices: Vec<Vec<bool>> = ps.iter().map(|p| slice(s, &l, p)).collect();
+                let weighted: Vec<(&[bool], i32)> = slices
+                    .iter()
+                    .zip(weights)
+                    .map(|(s, w)| (s.as_slice(), w))
+                    .collect();
+                sum(&weighted, s.positions).unwrap()
+            })
+            .collect();
+        let whole: Vec<(&Payload, i32)> = ps.iter().zip(weights).collect();
+        for d in [Decode::Sign, Decode::Rms] {
+            assert_eq!(
+                decode(&l, &shards, &sums, draw, d).unwrap(),
+                aggregate(&l, &whole, d),
+                "{d:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_lying_aggregator_is_pinned_to_the_first_position_it_changed() {
+        let l = layout();
+        let draw = Draw(9);
+        let ps = payloads(&l, 4, draw);
+        let shard = &split(&l, 3).unwrap()[1];
+        let slices: Vec<Vec<bool>> = ps.iter().map(|p| slice(shard, &l, p)).collect();
+        let weighted: Vec<(&[bool], i32)> = slices.iter().map(|s| (s.as_slice(), 1)).collect();
+        let honest = sum(&weighted, shard.positions).unwrap();
+        assert_eq!(check(&honest, &weighted), Ok(()));
+        let mut lie = honest.clone();
+        lie[17] += 2;
+        lie[40] = -lie[40] - 2;
+        assert_eq!(
+            check(&lie, &weighted),
+            Err(Fraud {
+                position: 17,
+                claimed: honest[17] + 2,
+                actual: honest[17]
+            })
+        );
+    }
+}
