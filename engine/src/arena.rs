@@ -275,8 +275,10 @@ pub fn run(
                     )
                 }
             };
-            // What the wire carries: under the shared rule, signs at the
-            // step's drawn positions, whatever positions a forger chose.
+            // Under the shared rule only signs at the step's drawn
+            // positions travel: a forger's payload arrives as the signs it
+            // meant for those positions (the strongest reading of its
+            // intent), whatever other positions it named.
             let payload = payload.as_sent(&layout, Draw::for_step(&run.job, step));
             first_sent.entry(i).or_insert_with(|| payload.clone());
             sent.push((i, payload));

@@ -89,7 +89,8 @@ pub fn split(layout: &Layout, count: usize) -> Result<Vec<Shard>, EngineError> {
 }
 
 /// The `redundancy` distinct members that aggregate each of `shards`
-/// shards at a step: the members shuffled by `draw`, then dealt round
+/// shards at a step: the members, sorted and deduplicated, shuffled by
+/// `draw`, then dealt round
 /// robin, so each aggregates `shards · redundancy / members` shards, give or
 /// take one, and nobody picks what it aggregates.
 pub fn aggregators(
@@ -105,7 +106,17 @@ pub fn aggregators(
             members.len()
         )));
     }
+    // A canonical list first, so the seats do not depend on the order the
+    // caller happens to hold the members in.
     let mut order = members.to_vec();
+    order.sort_unstable();
+    order.dedup();
+    if redundancy > order.len() {
+        return Err(EngineError::Config(format!(
+            "redundancy {redundancy} with {} distinct members",
+            order.len()
+        )));
+    }
     draw.shuffle(&mut order);
     let n = order.len();
     Ok((0..shards)
@@ -149,21 +160,31 @@ pub fn sum(slices: &[(&[bool], i32)], positions: usize) -> Result<Vec<i32>, Engi
 
 /// Checks published sums against the slices they claim to sum: the first
 /// position that differs is the fraud proof, checkable by anyone holding
-/// the members' signed slices.
-pub fn check(claimed: &[i32], slices: &[(&[bool], i32)]) -> Result<(), Fraud> {
-    let actual = sum(slices, claimed.len()).map_err(|_| Fraud {
-        position: 0,
-        claimed: claimed.first().copied().unwrap_or(0),
-        actual: 0,
-    })?;
-    match claimed.iter().zip(&actual).position(|(c, a)| c != a) {
-        None => Ok(()),
-        Some(position) => Err(Fraud {
-            position,
-            claimed: claimed[position],
-            actual: actual[position],
-        }),
+/// the members' signed slices. Sums or slices of the wrong length for the
+/// shard are a shape error, not a fraud: nothing can be pinned on them.
+pub fn check(
+    shard: &Shard,
+    claimed: &[i32],
+    slices: &[(&[bool], i32)],
+) -> Result<Result<(), Fraud>, EngineError> {
+    if claimed.len() != shard.positions {
+        return Err(EngineError::Shape(format!(
+            "{} sums published for a shard of {} positions",
+            claimed.len(),
+            shard.positions
+        )));
     }
+    let actual = sum(slices, shard.positions)?;
+    Ok(
+        match claimed.iter().zip(&actual).position(|(c, a)| c != a) {
+            None => Ok(()),
+            Some(position) => Err(Fraud {
+                position,
+                claimed: claimed[position],
+                actual: actual[position],
+            }),
+        },
+    )
 }
 
 /// The update direction decoded from every shard's sums: the same bits as
@@ -288,6 +309,9 @@ mod tests {
         // 16 shards × 3 = 48 seats over 10 members: 4 or 5 each.
         assert!(load.iter().all(|l| (4..=5).contains(l)), "{load:?}");
         assert_ne!(a, aggregators(&members, 16, 3, Draw(2)).unwrap());
+        // The caller's order does not matter.
+        let reversed: Vec<u32> = members.iter().rev().copied().collect();
+        assert_eq!(a, aggregators(&reversed, 16, 3, Draw(1)).unwrap());
         assert!(aggregators(&members, 16, 11, Draw(1)).is_err());
     }
 
@@ -330,17 +354,21 @@ mod tests {
         let slices: Vec<Vec<bool>> = ps.iter().map(|p| slice(shard, &l, p)).collect();
         let weighted: Vec<(&[bool], i32)> = slices.iter().map(|s| (s.as_slice(), 1)).collect();
         let honest = sum(&weighted, shard.positions).unwrap();
-        assert_eq!(check(&honest, &weighted), Ok(()));
+        assert_eq!(check(shard, &honest, &weighted).unwrap(), Ok(()));
         let mut lie = honest.clone();
         lie[17] += 2;
         lie[40] = -lie[40] - 2;
         assert_eq!(
-            check(&lie, &weighted),
+            check(shard, &lie, &weighted).unwrap(),
             Err(Fraud {
                 position: 17,
                 claimed: honest[17] + 2,
                 actual: honest[17]
             })
         );
+        // Sums of the wrong length, or a short slice, prove nothing.
+        assert!(check(shard, &honest[1..], &weighted).is_err());
+        let short: Vec<(&[bool], i32)> = vec![(&slices[0][1..], 1)];
+        assert!(check(shard, &honest, &short).is_err());
     }
 }

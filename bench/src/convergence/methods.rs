@@ -148,10 +148,7 @@ impl Setting {
                     topk: self.k(p.method),
                     decay: p.momentum,
                     decode: self.decode,
-                    select: match p.method {
-                        Method::Shared => Select::Shared,
-                        _ => Select::TopK,
-                    },
+                    select: p.method.select().unwrap_or(Select::TopK),
                     ..CompressConfig::default()
                 },
                 lr: self.lr(p.lr),
@@ -187,6 +184,34 @@ impl Setting {
                 })
             }
             Method::AdamW | Method::SignSgd | Method::TopAgg(_) => dense(p, &cfg, corpus),
+        }
+    }
+}
+
+/// Bytes of one encoded contribution (header and payload, as the runner
+/// counts them) for `model` under today's wire format: the figure the
+/// tables print for the engine's rules, so runs logged under an earlier
+/// wire version (v3 had no rule byte and an 8-bit k) show today's size.
+pub fn wire_bytes(model: &ModelConfig, select: Select, k: usize) -> f64 {
+    let shapes: Vec<Vec<usize>> = model.shapes().into_iter().map(|(_, s)| s).collect();
+    let layout = Layout::new(
+        &shapes,
+        &CompressConfig {
+            topk: k,
+            select,
+            ..CompressConfig::default()
+        },
+    );
+    (wire::HEADER_LEN + wire::payload_len(&layout)) as f64
+}
+
+impl Method {
+    /// The engine rule this method runs, if it runs one through the wire.
+    pub fn select(self) -> Option<Select> {
+        match self {
+            Method::Cohort => Some(Select::TopK),
+            Method::Shared => Some(Select::Shared),
+            _ => None,
         }
     }
 }

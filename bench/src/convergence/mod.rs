@@ -11,7 +11,7 @@ use crate::args::Args;
 use crate::plot;
 use crate::report::{self, Figures, fmt_bytes, spread};
 use anyhow::{Context, Result, bail};
-use cohort_engine::compress::Decode;
+use cohort_engine::compress::{Decode, Select};
 use cohort_engine::data::Corpus;
 use cohort_engine::model::ModelConfig;
 use cohort_engine::runner::Schedule;
@@ -160,6 +160,12 @@ pub fn run(raw: &[String]) -> Result<()> {
         ],
     )?;
     let steps: u32 = args.get("steps", 2000)?;
+    for flag in ["topk", "shared-k"] {
+        let k: usize = args.get(flag, 1)?;
+        if !(1..=4096).contains(&k) {
+            bail!("--{flag} {k}: expected 1 to 4096 coefficients per chunk");
+        }
+    }
     if steps < 8 {
         bail!("--steps {steps}: at least 8");
     }
@@ -466,7 +472,10 @@ fn publish(plan: &Plan, done: &HashMap<String, Record>) -> Result<()> {
         .text("momenta", &format!("{:?}", plan.momenta));
     for b in &bests {
         let (mean, min, max) = spread(&b.finals());
-        let bytes = b.records[0].bytes_per_member_step;
+        let bytes = match b.method.select() {
+            Some(select) => methods::wire_bytes(&s.model, select, s.k(b.method)),
+            None => b.records[0].bytes_per_member_step,
+        };
         let tps = spread(
             &b.records
                 .iter()
@@ -510,7 +519,7 @@ fn publish(plan: &Plan, done: &HashMap<String, Record>) -> Result<()> {
     }
     if let Some(c) = bests.iter().find(|b| b.method == Method::Cohort) {
         let ratio = spread(&c.finals()).0 / base;
-        let compression = dense_bytes / c.records[0].bytes_per_member_step;
+        let compression = dense_bytes / methods::wire_bytes(&s.model, Select::TopK, s.topk);
         let _ = writeln!(
             md,
             "\nGoals (the issue \"Compressed training that keeps pace with AdamW\"): compression ≥ 1000x — {compression:.0}x ({}); Cohort's mean final loss ≤ 1.05 × the best-tuned AdamW's — {ratio:.3} ({}).",
@@ -641,7 +650,17 @@ fn tried(
             method.to_string()
         };
         let group = format!("{what} | {} | {}", field("lr"), field("momentum"));
-        bytes.insert(group.clone(), r.bytes_per_member_step);
+        let engine_rule = match method {
+            "cohort" => Some(Select::TopK),
+            "shared" => Some(Select::Shared),
+            _ => None,
+        };
+        let k = field("topk").parse::<usize>().ok();
+        let b = match (engine_rule, k) {
+            (Some(select), Some(k)) => methods::wire_bytes(&s.model, select, k),
+            _ => r.bytes_per_member_step,
+        };
+        bytes.insert(group.clone(), b);
         groups
             .entry(group)
             .or_default()
@@ -680,8 +699,9 @@ fn tried(
              coefficient of exactly zero no vote where the engine votes it positive; *topagg* — Cohort's payloads with the summed votes cut to the largest per chunk \
              before decoding, as a sharded exchange's aggregators would publish them (`topagg0` keeps \
              every vote and reproduces Cohort bit for bit). The bytes of *sharedk* and *topagg* count \
-             the payload alone; Cohort's and *shared*'s count the encoded contribution, signed \
-             envelope (148 bytes) included, and the dense methods' their fp32 gradient.\n",
+             the payload alone, as each run logged it; Cohort's and *shared*'s count one encoded \
+             contribution in today's wire format (version 4), its 148-byte header included and \
+             its 64-byte signature not, and the dense methods' their fp32 gradient.\n",
         );
     }
 }
