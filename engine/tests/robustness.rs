@@ -58,13 +58,21 @@ fn attack(mode: Mode) -> ArenaReport {
 /// `mode` by members 1 and 4, defended; slashed seats taken by newcomers
 /// `standby` epochs after the slash's.
 fn attack_with(mode: Mode, standby: Option<u32>) -> ArenaReport {
-    let r = run(&ArenaConfig {
-        standby,
-        ..config(&[(1, mode), (4, mode)], true)
-    });
-    eprintln!(
-        "{}: loss {:.4} (honest {:.4}), slashed {:?}, audits {} ({} targeted, {} honest flagged), overhead {:.1}%, worst honest {:?}",
+    attacked(
         mode.name(),
+        &ArenaConfig {
+            standby,
+            ..config(&[(1, mode), (4, mode)], true)
+        },
+    )
+}
+
+/// Runs an attacked `cfg`, prints what the defences did, and checks that
+/// no honest member was slashed.
+fn attacked(label: &str, cfg: &ArenaConfig) -> ArenaReport {
+    let r = run(cfg);
+    eprintln!(
+        "{label}: loss {:.4} (honest {:.4}), slashed {:?}, audits {} ({} targeted, {} honest flagged), overhead {:.1}%, worst honest {:?}",
         r.final_val_loss,
         honest_loss(),
         r.slashed,
@@ -114,17 +122,7 @@ fn under_the_shared_rule_sign_flippers_are_slashed_and_no_honest_member_is_flagg
         decay: 0.99,
         ..CompressConfig::default()
     };
-    let r = run(&cfg);
-    eprintln!(
-        "shared sign-flip: slashed {:?}, audits {} ({} targeted, {} honest flagged), overhead {:.1}%, worst honest {:?}",
-        r.slashed,
-        r.audits,
-        r.targeted,
-        r.honest_flagged,
-        100.0 * r.audit_overhead(),
-        r.worst_honest
-    );
-    assert_eq!(r.false_accusations, 0, "an honest member was slashed");
+    let r = attacked("shared sign-flip", &cfg);
     assert_eq!(r.honest_flagged, 0, "an honest member was flagged");
     assert_slashed_in_first_epoch(&r);
 }

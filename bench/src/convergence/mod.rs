@@ -650,11 +650,7 @@ fn tried(
             method.to_string()
         };
         let group = format!("{what} | {} | {}", field("lr"), field("momentum"));
-        let engine_rule = match method {
-            "cohort" => Some(Select::TopK),
-            "shared" => Some(Select::Shared),
-            _ => None,
-        };
+        let engine_rule = Method::parse(method).ok().and_then(Method::select);
         let k = field("topk").parse::<usize>().ok();
         let b = match (engine_rule, k) {
             (Some(select), Some(k)) => methods::wire_bytes(&s.model, select, k),
