@@ -22,8 +22,8 @@ const USAGE: &str = "usage: cohort-bench <convergence|engine|efficiency|simulate
   convergence  dense AdamW vs dense sign-SGD vs Cohort compressed, same tokens, each tuned
                over one lr x momentum grid, its best point over several seeds; resumable
                (runs kept in docs/bench/convergence-runs.jsonl); flags: --steps 2000
-               --lrs 0.0003,0.001,0.003 --momenta 0.9,0.95 --grid-seeds 1 --seeds 3
-               --methods adamw,sign,cohort (also: shared, topagg<K>) --schedule stale|lockstep
+               --lrs 0.0003,0.001,0.003 --momenta 0.9,0.95,0.99 --grid-seeds 1 --seeds 3
+               --methods adamw,sign,cohort,shared (also: topagg<K>) --schedule stale|lockstep
                --reference yes --members 4 --batch 8 --arch --topk 4 (top-k rule)
                --shared-k 61 (shared rule) --decode sign|rms --adaptive 0
                --eval-windows 64 --max-runs N --plan yes (list the runs still to do)
