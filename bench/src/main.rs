@@ -45,7 +45,8 @@ const USAGE: &str = "usage: cohort-bench <convergence|engine|efficiency|simulate
                the honest members alone, over several seeds; resumable (runs kept in
                docs/bench/adversary-runs.jsonl); flags: --members 9 --steps 100 --epoch 10
                --fractions 0.33,0.45 --modes all --undefended yes --seeds 3
-               --witness-micro-batch 4 --plan yes (list the runs still to do)
+               --witness-micro-batch 4 --rule topk|shared (topk: the rule the tables were
+               measured under) --plan yes (list the runs still to do)
                --name adversary (the JSON and docs section it writes: another name
                keeps a sweep in other settings beside the default one)
   app          the desktop app's cold start vs an empty window, and frame time while training

@@ -31,7 +31,7 @@
 //!   others' majority (garbage, flipped or crafted votes). Honest payloads
 //!   pass the screen almost always, so targeted audits cost little.
 
-use crate::compress::{Layout, Payload};
+use crate::compress::{Layout, Payload, Select};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AuditConfig {
@@ -192,7 +192,10 @@ pub fn screen_step(
     cfg: &AuditConfig,
 ) -> StepScreen {
     let screens = screen(layout, payloads, recent, cfg);
-    let hashes: Vec<[u8; 32]> = payloads.iter().map(|p| payload_hash(p)).collect();
+    let hashes: Vec<[u8; 32]> = payloads
+        .iter()
+        .map(|p| payload_hash(layout.select, p))
+        .collect();
     let weights = (0..payloads.len())
         .map(|j| {
             let first_copy = hashes[..j].iter().all(|h| *h != hashes[j]);
@@ -302,7 +305,10 @@ pub fn screen(
     recent: &[[u8; 32]],
     cfg: &AuditConfig,
 ) -> Vec<Screen> {
-    let hashes: Vec<[u8; 32]> = payloads.iter().map(|p| payload_hash(p)).collect();
+    let hashes: Vec<[u8; 32]> = payloads
+        .iter()
+        .map(|p| payload_hash(layout.select, p))
+        .collect();
     let mut out: Vec<Screen> = hashes
         .iter()
         .enumerate()
@@ -410,13 +416,20 @@ fn tally(layout: &Layout, payloads: &[&Payload], counted: &[bool]) -> Vec<(f32, 
         .collect()
 }
 
-/// A payload's identity for duplicate checks (independent of its header).
-pub fn payload_hash(p: &Payload) -> [u8; 32] {
+/// A payload's identity for duplicate checks (independent of its header):
+/// what its sender chose. Under the top-k rule that is each sign with its
+/// index; under the shared rule only the signs, since the positions are the
+/// step's draw: a payload re-sent at a later step lands on other positions
+/// but is still the same bits, and is a duplicate of the one first sent.
+pub fn payload_hash(select: Select, p: &Payload) -> [u8; 32] {
     let mut h = blake3::Hasher::new();
-    h.update(b"cohort-payload-v1");
+    h.update(b"cohort-payload-v2");
     for s in &p.params {
+        h.update(&(s.neg.len() as u64).to_le_bytes());
         for (i, n) in s.idx.iter().zip(&s.neg) {
-            h.update(&i.to_le_bytes());
+            if select == Select::TopK {
+                h.update(&i.to_le_bytes());
+            }
             h.update(&[u8::from(*n)]);
         }
     }
@@ -535,7 +548,7 @@ mod tests {
             .chain([&flipped, &garbage, &copy, &old])
             .collect();
         let cfg = AuditConfig::default();
-        let s = screen(&l, &all, &[payload_hash(&old)], &cfg);
+        let s = screen(&l, &all, &[payload_hash(l.select, &old)], &cfg);
         assert!(!s[1].flagged(&cfg) && !s[2].flagged(&cfg), "{s:?}");
         assert!(s[3].flagged(&cfg), "flipped {:?}", s[3]);
         assert!(s[4].flagged(&cfg), "garbage {:?}", s[4]);
@@ -547,6 +560,62 @@ mod tests {
         let copies = screen(&l, &[&honest[0], &copy], &[], &cfg);
         assert!(copies.iter().all(|s| s.duplicate));
         assert!(s.iter().all(|s| !s.unjudged));
+    }
+
+    /// Under the shared rule a payload re-sent at a later step lands on
+    /// that step's drawn positions: other indices, the same bits. It is
+    /// still a duplicate of the one first sent, and gets no vote.
+    #[test]
+    fn under_the_shared_rule_a_payload_re_sent_at_a_later_step_is_a_duplicate() {
+        let l = Layout::new(&[vec![64, 64]], &CompressConfig::shared());
+        let g = vec![
+            (0..4096)
+                .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
+                .collect::<Vec<_>>(),
+        ];
+        let sent = |step: u32, grads: &[Vec<f32>]| {
+            let mut c = crate::compress::Compressor::new(&l, CompressConfig::shared());
+            c.compress(&l, grads, crate::compress::Draw::for_step(&[1; 32], step))
+                .unwrap()
+        };
+        let first = sent(0, &g);
+        // The step-0 bytes sent again as step 1's: the wire delivers them
+        // at step 1's positions.
+        let resent = crate::wire::decode_payload(
+            &crate::wire::encode_payload(&first, &l),
+            &l,
+            crate::compress::Draw::for_step(&[1; 32], 1),
+        )
+        .unwrap();
+        assert_ne!(resent.params[0].idx, first.params[0].idx, "other positions");
+        assert_eq!(resent.params[0].neg, first.params[0].neg, "the same bits");
+        let recent = [payload_hash(l.select, &first)];
+        let honest: Vec<Payload> = (0..3)
+            .map(|j| {
+                let gj = vec![
+                    (0..4096)
+                        .map(|i| ((i * (41 + 2 * j) % 103) as f32 - 51.0) / 50.0)
+                        .collect(),
+                ];
+                sent(1, &gj)
+            })
+            .collect();
+        let all: Vec<&Payload> = honest.iter().chain([&resent]).collect();
+        let st = screen_step(&l, &all, &recent, &AuditConfig::default());
+        assert!(st.screens[3].duplicate, "{:?}", st.screens[3]);
+        assert_eq!(st.weights[3], 0);
+        assert!(st.screens[..3].iter().all(|s| !s.duplicate));
+        // Under top-k the indices are the sender's choice and count.
+        let mut moved = first.clone();
+        moved.params[0].idx[0] += 1;
+        assert_ne!(
+            payload_hash(Select::TopK, &moved),
+            payload_hash(Select::TopK, &first)
+        );
+        assert_eq!(
+            payload_hash(Select::Shared, &moved),
+            payload_hash(Select::Shared, &first)
+        );
     }
 
     #[test]

@@ -98,6 +98,25 @@ pub enum Decode {
     Rms,
 }
 
+impl CompressConfig {
+    /// The rule a job trains with ([`crate::trainer::TrainConfig::small`]):
+    /// the signs of 61 drawn positions per 64 x 64 chunk and momentum decay
+    /// 0.99. On the bench's model it reached 0.95x AdamW's loss at 2,000
+    /// steps, at about 1,100x fewer bytes than fp32, where the top-k rule
+    /// stayed at 1.3x (`cohort-bench convergence`, docs/benchmarks.md). 61
+    /// signs cost about the bytes of the top-4 rule's 4 indexed signs.
+    pub fn shared() -> Self {
+        Self {
+            topk: 61,
+            decay: 0.99,
+            select: Select::Shared,
+            ..Self::default()
+        }
+    }
+}
+
+/// The top-k rule (DeMo/DisTrO): each member's 4 largest per chunk. The
+/// building block's default; a job's recipe uses [`CompressConfig::shared`].
 impl Default for CompressConfig {
     fn default() -> Self {
         Self {

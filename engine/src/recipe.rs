@@ -126,6 +126,25 @@ mod tests {
     }
 
     #[test]
+    fn a_job_trains_with_the_shared_rule_at_over_a_thousand_times_fewer_bytes_than_fp32() {
+        let mut s = spec();
+        s.set_arch("gpt l2 d128 h4 s64");
+        s.model_hash = ModelConfig::parse("gpt l2 d128 h4 s64")
+            .unwrap()
+            .config_hash();
+        let t = for_job(&s).unwrap();
+        assert_eq!((t.compress.select, t.compress.topk), (Select::Shared, 61));
+        let shapes: Vec<Vec<usize>> = t.model.shapes().into_iter().map(|(_, s)| s).collect();
+        let layout = crate::compress::Layout::new(&shapes, &t.compress);
+        let payload = crate::wire::payload_len(&layout);
+        let ratio = (4 * t.model.num_params()) as f64 / payload as f64;
+        assert!(
+            ratio >= 1000.0,
+            "{payload} bytes: {ratio:.0}x fewer than fp32"
+        );
+    }
+
+    #[test]
     fn a_job_created_by_this_build_passes_the_check() {
         let mut s = spec();
         s.recipe_hash = hash(&for_job(&s).unwrap());

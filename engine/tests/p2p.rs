@@ -232,7 +232,7 @@ fn assert_agree(peers: &[&Peer]) -> usize {
 }
 
 #[test]
-fn processes_train_one_model_with_the_shared_rule_through_a_kill_a_restart_and_a_late_joiner() {
+fn processes_train_one_model_through_a_kill_a_restart_and_a_late_joiner() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = std::env::temp_dir().join(format!("cohort-p2p-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -243,8 +243,6 @@ fn processes_train_one_model_with_the_shared_rule_through_a_kill_a_restart_and_a
         let mut c = peer_cmd("churn", i, n, steps, &ports);
         // States and momenta kept on disk however small: the path a large
         // model takes.
-        // The shared rule (signs of the step's drawn coefficients): the
-        // other process tests run top-k.
         c.args([
             "--checkpoint",
             ckpt(i).to_str().unwrap(),
@@ -252,10 +250,6 @@ fn processes_train_one_model_with_the_shared_rule_through_a_kill_a_restart_and_a
             "2",
             "--spill-above",
             "0",
-            "--select",
-            "shared",
-            "--topk",
-            "61",
         ]);
         c.args(extra);
         Peer::spawn(&mut c)

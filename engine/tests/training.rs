@@ -45,8 +45,11 @@ fn loss_falls_on_the_bundled_corpus() {
     );
     // Uniform guessing over 256 bytes is ln 256 = 5.55.
     assert!(first > 5.0, "{first}");
+    // The job recipe's shared rule starts slower than the top-k rule it
+    // replaced (4.07 here at 60 steps, where top-k reached below 3.5) and
+    // overtakes it by step 250 of the convergence bench.
     assert!(
-        report.final_val_loss < 3.5,
+        report.final_val_loss < 4.3,
         "validation loss {} did not fall",
         report.final_val_loss
     );
@@ -64,6 +67,42 @@ fn other_engine() -> (Box<dyn GradientEngine>, usize, &'static str) {
     match backend::hardware_wgpu() {
         Some(s) => (s.engine, 8, "wgpu"),
         None => (backend::cpu(), 1, "cpu, micro-batch 1"),
+    }
+}
+
+/// The CPU engine gives the same gradient bits every time, wherever the
+/// allocator puts its buffers: a witness recomputes a member's payload, and
+/// the shared rule sends the sign of every drawn coefficient, however close
+/// to zero. (With burn-ndarray's "simd" feature it did not: see the note on
+/// it in Cargo.toml.)
+#[test]
+fn the_cpu_engine_gives_bit_identical_gradients_every_time() {
+    let mut t = Trainer::new(
+        TrainConfig::small(10),
+        &[3; 32],
+        corpus(),
+        backend::cpu(),
+        id(0),
+    )
+    .unwrap();
+    let seed = [5; 32];
+    let bits = |g: &[Vec<f32>]| -> Vec<u32> { g.iter().flatten().map(|v| v.to_bits()).collect() };
+    let (loss, first) = t.gradients(&seed, 0).unwrap();
+    let mut shifted = Vec::new();
+    for i in 1..8 {
+        // Other allocations in between move where the next buffers land.
+        shifted.push(vec![i as u8; 1 + 977 * i]);
+        let (l, again) = t.gradients(&seed, 0).unwrap();
+        assert_eq!(l.to_bits(), loss.to_bits(), "loss, computation {i}");
+        let differ = bits(&first)
+            .iter()
+            .zip(bits(&again))
+            .filter(|(a, b)| **a != *b)
+            .count();
+        assert_eq!(
+            differ, 0,
+            "computation {i}: {differ} gradient coordinates differ"
+        );
     }
 }
 

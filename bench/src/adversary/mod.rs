@@ -20,6 +20,7 @@ use cohort_engine::adversary::Mode;
 use cohort_engine::arena::{self, ArenaConfig, ArenaReport};
 use cohort_engine::audit::AuditConfig;
 use cohort_engine::backend;
+use cohort_engine::compress::{CompressConfig, Select};
 use cohort_engine::data::Corpus;
 use cohort_engine::runner::RunConfig;
 use cohort_engine::trainer::TrainConfig;
@@ -38,6 +39,7 @@ const FLAGS: &[&str] = &[
     "witness-micro-batch",
     "seeds",
     "standby",
+    "rule",
     "plan",
     "name",
 ];
@@ -80,6 +82,21 @@ struct Setting {
     /// Epochs after a slash's at which a standby node takes the seat, for
     /// the runs that have one.
     standby: Option<u32>,
+    /// The compression rule the arena trains with.
+    rule: Select,
+}
+
+/// The training recipe of an arena run. The published tables were measured
+/// under the top-k rule, the job recipe before the shared rule (top-4 per
+/// chunk, decay 0.9, lr 2e-3); `--rule shared` runs the job's recipe today
+/// ([`TrainConfig::small`]).
+fn recipe(rule: Select, steps: u32) -> TrainConfig {
+    let mut t = TrainConfig::small(steps);
+    if rule == Select::TopK {
+        t.compress = CompressConfig::default();
+        t.lr.base = 2e-3;
+    }
+    t
 }
 
 /// The log line's key: one string for everything the result depends on.
@@ -108,8 +125,13 @@ fn key(s: &Setting, seed: u32, kind: Kind) -> String {
     } else {
         String::new()
     };
+    // Top-k runs keep the keys they were logged under.
+    let rule = match s.rule {
+        Select::TopK => "",
+        Select::Shared => " rule=shared",
+    };
     format!(
-        "recipe={RECIPE} members={} steps={} epoch={} witness-micro-batch={} audit={:?}{screen} seed={seed} run={run}",
+        "recipe={RECIPE}{rule} members={} steps={} epoch={} witness-micro-batch={} audit={:?}{screen} seed={seed} run={run}",
         s.members, s.steps, s.spe, s.witness_micro_batch, s.audit
     )
 }
@@ -314,6 +336,11 @@ pub fn run(raw: &[String]) -> Result<()> {
                 anyhow!("--standby: `{v}` is not `none` or a count of epochs ≥ 1")
             })?),
         };
+    let rule = match a.get("rule", "topk".to_string())?.as_str() {
+        "topk" => Select::TopK,
+        "shared" => Select::Shared,
+        v => return Err(anyhow!("--rule: `{v}` is not topk or shared")),
+    };
     let setting = Setting {
         members,
         steps,
@@ -321,6 +348,7 @@ pub fn run(raw: &[String]) -> Result<()> {
         witness_micro_batch,
         audit: AuditConfig::default(),
         standby,
+        rule,
     };
     let corpus = Corpus::bundled()?;
     let config = |seed: u32, kind: Kind| -> ArenaConfig {
@@ -344,7 +372,7 @@ pub fn run(raw: &[String]) -> Result<()> {
         };
         ArenaConfig {
             run: RunConfig {
-                train: TrainConfig::small(steps),
+                train: recipe(rule, steps),
                 members: n,
                 steps,
                 steps_per_epoch: spe,
@@ -464,6 +492,7 @@ mod tests {
             witness_micro_batch: 4,
             audit: AuditConfig::default(),
             standby: Some(1),
+            rule: Select::TopK,
         };
         let keys: std::collections::HashSet<String> =
             p.iter().map(|(seed, k)| key(&s, *seed, *k)).collect();

@@ -6,6 +6,7 @@ use super::{Kind, Setting, Summary, placed};
 use crate::report::{self, Figures, spread};
 use anyhow::Result;
 use cohort_engine::adversary::Mode;
+use cohort_engine::compress::Select;
 use std::fmt::Write as _;
 
 /// A mean undefended loss ratio below this does no harm worth removing:
@@ -190,6 +191,7 @@ pub fn publish(
         witness_micro_batch,
         ref audit,
         standby,
+        rule,
     } = *s;
     let losses: Vec<f64> = honest.iter().map(|h| h.final_val_loss).collect();
     let loss = Spread::of(&losses);
@@ -208,6 +210,13 @@ pub fn publish(
         .num("steps_per_epoch", spe as f64)
         .num("seeds", seeds as f64)
         .text("model", "tiny (ModelConfig::tiny), CPU")
+        .text(
+            "rule",
+            match rule {
+                Select::TopK => "top-k (top-4, decay 0.9, lr 2e-3)",
+                Select::Shared => "shared (the job recipe)",
+            },
+        )
         .num("witness_micro_batch", witness_micro_batch as f64)
         .num("harmful_undefended_ratio", HARMFUL)
         .num("audit_rate", audit.rate)
@@ -226,8 +235,8 @@ pub fn publish(
     let mut md = String::new();
     let _ = writeln!(
         md,
-        "## Adversaries{} (`cargo run --release -p cohort-bench -- adversary{}`)\n\n\
-         {members} members train the tiny model for {steps} steps ({spe} per epoch) in one process \
+        "## Adversaries{} (`cargo run --release -p cohort-bench -- adversary{}{}`)\n\n\
+         {members} members train the tiny model under the {} for {steps} steps ({spe} per epoch) in one process \
          (`engine::arena`), {seeds} seed(s) (each seed: other initial weights and batches); attackers \
          see every honest payload of the step before sending theirs. Witnesses recompute at \
          micro-batch {witness_micro_batch} (the job's is 8): another summation order, so other \
@@ -251,10 +260,20 @@ pub fn publish(
         } else {
             format!(" over {steps} steps")
         },
+        if rule == Select::Shared {
+            " --rule shared"
+        } else {
+            ""
+        },
         if name == "adversary" {
             String::new()
         } else {
             format!(" --name {name}")
+        },
+        match rule {
+            Select::TopK =>
+                "top-k rule (top-4 per chunk, decay 0.9, lr 2e-3: the job recipe before the shared rule)",
+            Select::Shared => "shared rule (the job's recipe)",
         },
         loss.mean,
         loss.min,

@@ -195,7 +195,10 @@ pub fn run(raw: &[String]) -> Result<()> {
         .map(|m| Method::parse(m))
         .collect::<Result<_>>()?,
         lrs: list(&args.get("lrs", "0.0003,0.001,0.003".to_string())?, "lrs")?,
-        momenta: list(&args.get("momenta", "0.9,0.95,0.99".to_string())?, "momenta")?,
+        momenta: list(
+            &args.get("momenta", "0.9,0.95,0.99".to_string())?,
+            "momenta",
+        )?,
         grid_seeds: args.get("grid-seeds", 1)?,
         seeds: args.get("seeds", 3)?,
         schedule: match args.get("schedule", "stale".to_string())?.as_str() {

@@ -79,6 +79,9 @@ struct Awaited {
 /// [`defence::Policy`]'s to say.
 pub(crate) struct Guard {
     pub(crate) policy: Policy,
+    /// The job's compression rule: what a payload's identity covers
+    /// ([`audit::payload_hash`]).
+    select: crate::compress::Select,
     me: u32,
     witness: bool,
     /// Signs this witness's audit coins.
@@ -117,6 +120,7 @@ impl Guard {
     pub(crate) fn new(cfg: &NodeConfig) -> Self {
         Guard {
             policy: cfg.policy(),
+            select: cfg.train.compress.select,
             me: cfg.me,
             witness: cfg.defence.witnesses.contains(&cfg.me),
             signer: msg::keypair(&cfg.secret),
@@ -275,7 +279,7 @@ impl Guard {
         }
         let c = self.kept.get(&step)?.get(&member)?.clone();
         let key = self.keys.get(by as usize)?;
-        let hash = audit::payload_hash(&c.payload);
+        let hash = audit::payload_hash(self.select, &c.payload);
         if !self.policy.drawn_by(by, key, step, member, &hash, &coin) {
             return None;
         }
@@ -399,7 +403,7 @@ impl Guard {
             cfg.epoch,
             step,
             member,
-            &audit::payload_hash(&c.payload),
+            &audit::payload_hash(self.select, &c.payload),
         );
         let withheld = AuditReport {
             step,

@@ -26,9 +26,10 @@ pub const USAGE: &str = "usage: cohort-peer --index I --members N [options]
   --join              start by downloading the state from peers
   --arch ARCH         model, e.g. \"gpt l2 d64 h4 s64\"         [tiny]
   --batch B           sequences per member per step           [8]
-  --topk K            coefficients sent per 64x64 chunk        [4]
-  --select RULE       topk (each member's largest, with indices) or
-                      shared (the step's drawn positions, signs only) [topk]
+  --topk K            coefficients sent per 64x64 chunk [61 shared, 4 topk]
+  --select RULE       shared (the step's drawn positions, signs only: the
+                      job recipe) or topk (each member's largest, with
+                      indices, decay 0.9)                    [shared]
   --spill-above BYTES keep states and momenta this large on disk [16777216]
   --rate-mbit X       shape sent bytes to X Mbit/s per peer
   --rtt-ms Y          add Y ms round trip (Y/2 per direction)
@@ -243,6 +244,12 @@ fn parse(args: &[String]) -> Result<(NodeConfig, BackendChoice), String> {
     }
     train.batch = batch;
     train.micro_batch = batch;
+    if let Some(s) = select {
+        train.compress = match s {
+            crate::compress::Select::TopK => crate::compress::CompressConfig::default(),
+            crate::compress::Select::Shared => crate::compress::CompressConfig::shared(),
+        };
+    }
     if let Some(k) = topk {
         if !(1..=4096).contains(&k) {
             return Err(format!(
@@ -250,9 +257,6 @@ fn parse(args: &[String]) -> Result<(NodeConfig, BackendChoice), String> {
             ));
         }
         train.compress.topk = k;
-    }
-    if let Some(s) = select {
-        train.compress.select = s;
     }
     let shapes: Vec<Vec<usize>> = train.model.shapes().into_iter().map(|(_, s)| s).collect();
     let layout = crate::compress::Layout::new(&shapes, &train.compress);
