@@ -142,7 +142,8 @@ pub fn run(raw: &[String]) -> Result<()> {
 
     let cfg = TrainConfig {
         model,
-        compress: CompressConfig::default(),
+        // The job recipe's rule (its step's compression and update).
+        compress: CompressConfig::shared(),
         lr: LrSchedule {
             base: 1e-3,
             warmup: 1,

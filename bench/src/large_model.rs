@@ -63,7 +63,9 @@ fn spawn(s: &Settings, i: usize, ports: &[u16], spill_above: u64) -> Result<Runn
         .args(["--members", &MEMBERS.to_string()])
         .args(["--steps", &s.steps.to_string()])
         .args(["--arch", &s.arch, "--batch", &s.batch.to_string()])
-        .args(["--topk", &s.topk.to_string()])
+        // The rule the published figures were measured under (the peers'
+        // default is now the shared rule).
+        .args(["--select", "topk", "--topk", &s.topk.to_string()])
         .args(["--spill-above", &spill_above.to_string()])
         // One step of a 100 M model takes seconds on a CPU: the leader
         // waits for the others' payloads as long as a step takes.

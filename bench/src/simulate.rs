@@ -5,10 +5,11 @@
 use crate::args::Args;
 use crate::report::{self, Figures, fmt_bytes};
 use anyhow::Result;
-use cohort_engine::compress::{CompressConfig, Layout};
+use cohort_engine::compress::{Layout, Select};
 use cohort_engine::model::ModelConfig;
 use cohort_engine::net::sim::{SimConfig, simulate};
 use cohort_engine::net::step::Timing;
+use cohort_engine::trainer::TrainConfig;
 use cohort_engine::wire::{HEADER_LEN, payload_len};
 use std::time::Duration;
 
@@ -45,7 +46,9 @@ pub fn run(raw: &[String]) -> Result<()> {
     let params = model.num_params() as f64;
     let compute_secs = 6.0 * params * tokens_per_gpu / (tflops * 1e12 * mfu);
     let shapes: Vec<Vec<usize>> = model.shapes().into_iter().map(|(_, s)| s).collect();
-    let layout = Layout::new(&shapes, &CompressConfig::default());
+    // The job recipe's rule, as the node sends it.
+    let rule = TrainConfig::small(1).compress;
+    let layout = Layout::new(&shapes, &rule);
     let payload = (HEADER_LEN + payload_len(&layout)) as u64;
     let up = (a.get("up-mbit-lo", 20.0)?, a.get("up-mbit-hi", 100.0)?);
     let down = (
@@ -68,11 +71,15 @@ pub fn run(raw: &[String]) -> Result<()> {
     let assumptions = vec![
         format!("model `{arch}`: {:.2} B parameters, byte-level tokens", params / 1e9),
         format!(
-            "payload per member per step: {} (real wire format, top-{} per ≤{}×{} DCT chunk) vs {} dense fp32",
+            "payload per member per step: {} (real wire format, the job recipe's {} rule: {} signs per ≤{}×{} DCT chunk) vs {} dense fp32",
             fmt_bytes(payload as f64),
-            CompressConfig::default().topk,
-            CompressConfig::default().max_chunk,
-            CompressConfig::default().max_chunk,
+            match rule.select {
+                Select::Shared => "shared",
+                Select::TopK => "top-k",
+            },
+            rule.topk,
+            rule.max_chunk,
+            rule.max_chunk,
             fmt_bytes(4.0 * params)
         ),
         format!(

@@ -268,7 +268,8 @@ pub struct Screen {
     /// Among those, share whose sign matches the sign of the others' summed
     /// votes (a tie counts half).
     pub agreement: f32,
-    /// Byte-identical to another payload of the step or to one in `recent`.
+    /// The same payload ([`payload_hash`]) as another of the step or one in
+    /// `recent`.
     pub duplicate: bool,
     /// The step had too few payloads to judge support and agreement.
     pub unjudged: bool,

@@ -12,7 +12,10 @@ use thiserror::Error;
 /// Moves whenever the training rule changes in a way the fields hashed
 /// below do not show (the decoder, the optimiser, the data order, the
 /// detmath routines): a job created by another version then refuses to run.
-pub const RECIPE_VERSION: u32 = 1;
+/// 2 (2026-12-05): the shared rule became the recipe, and a payload's
+/// identity under it (`audit::payload_hash`, which audit coins and evidence
+/// ids hash) covers its sign bits only.
+pub const RECIPE_VERSION: u32 = 2;
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum RecipeError {

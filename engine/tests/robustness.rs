@@ -7,7 +7,7 @@ use cohort_engine::adversary::Mode;
 use cohort_engine::arena::{self, ArenaConfig, ArenaReport};
 use cohort_engine::audit::AuditConfig;
 use cohort_engine::backend::{self, GradientEngine};
-use cohort_engine::compress::{CompressConfig, Select};
+use cohort_engine::compress::Select;
 use cohort_engine::data::Corpus;
 use cohort_engine::net::msg::Manifest;
 use cohort_engine::net::step::{StepMachine, Timing, Verdict};
@@ -92,6 +92,11 @@ fn assert_slashed_in_first_epoch(r: &ArenaReport) {
     assert_eq!(got, want, "slashed (member → within the first epoch)");
 }
 
+/// A necessary condition, weak under the job's shared rule: there a third
+/// of the members can at most cancel a 3-1 split (undefended IPM left the
+/// loss at 1.000x honest in these 30 steps), so the slashing checks carry
+/// these tests; `undefended_top_k_vote_is_hurt_by_ipm` shows the check
+/// bite where votes have thin support.
 fn assert_loss_unharmed(r: &ArenaReport) {
     let ratio = r.final_val_loss / honest_loss();
     assert!(ratio <= 1.10, "loss {ratio:.3} × honest");
@@ -116,9 +121,8 @@ fn sign_flippers_are_slashed_and_their_seats_taken_by_honest_newcomers() {
 #[test]
 fn under_the_top_k_rule_sign_flippers_are_slashed_and_no_honest_member_is_flagged() {
     let mut cfg = config(&[(1, Mode::SignFlip), (4, Mode::SignFlip)], true);
-    cfg.run.train.compress = CompressConfig::default();
+    cfg.run.train = TrainConfig::top_k(STEPS);
     assert_eq!(cfg.run.train.compress.select, Select::TopK);
-    cfg.run.train.lr.base = 2e-3;
     let r = attacked("top-k sign-flip", &cfg);
     assert_eq!(r.honest_flagged, 0, "an honest member was flagged");
     assert_slashed_in_first_epoch(&r);
@@ -194,8 +198,7 @@ fn stale_payloads_are_slashed() {
 fn undefended_top_k_vote_is_hurt_by_ipm() {
     let top_k = |adversaries: &[(usize, Mode)], defend: bool| {
         let mut cfg = config(adversaries, defend);
-        cfg.run.train.compress = CompressConfig::default();
-        cfg.run.train.lr.base = 2e-3;
+        cfg.run.train = TrainConfig::top_k(STEPS);
         cfg
     };
     let honest = run(&top_k(&[], true)).final_val_loss;

@@ -520,12 +520,13 @@ fn publish(plan: &Plan, done: &HashMap<String, Record>) -> Result<()> {
             );
         }
     }
-    if let Some(c) = bests.iter().find(|b| b.method == Method::Cohort) {
+    // The goal is judged on the job recipe's rule: the shared one.
+    if let Some(c) = bests.iter().find(|b| b.method == Method::Shared) {
         let ratio = spread(&c.finals()).0 / base;
-        let compression = dense_bytes / methods::wire_bytes(&s.model, Select::TopK, s.topk);
+        let compression = dense_bytes / methods::wire_bytes(&s.model, Select::Shared, s.shared_k);
         let _ = writeln!(
             md,
-            "\nGoals (the issue \"Compressed training that keeps pace with AdamW\"): compression ≥ 1000x — {compression:.0}x ({}); Cohort's mean final loss ≤ 1.05 × the best-tuned AdamW's — {ratio:.3} ({}).",
+            "\nGoals (the issue \"Compressed training that keeps pace with AdamW\"): compression ≥ 1000x — {compression:.0}x, header included ({}); the job recipe's (the shared rule's) mean final loss ≤ 1.05 × the best-tuned AdamW's — {ratio:.3} ({}).",
             if compression >= 1000.0 {
                 "met"
             } else {

@@ -29,7 +29,7 @@ pub const USAGE: &str = "usage: cohort-peer --index I --members N [options]
   --topk K            coefficients sent per 64x64 chunk [61 shared, 4 topk]
   --select RULE       shared (the step's drawn positions, signs only: the
                       job recipe) or topk (each member's largest, with
-                      indices, decay 0.9)                    [shared]
+                      indices, decay 0.9, lr 2e-3: TrainConfig::top_k) [shared]
   --spill-above BYTES keep states and momenta this large on disk [16777216]
   --rate-mbit X       shape sent bytes to X Mbit/s per peer
   --rtt-ms Y          add Y ms round trip (Y/2 per direction)
@@ -244,11 +244,10 @@ fn parse(args: &[String]) -> Result<(NodeConfig, BackendChoice), String> {
     }
     train.batch = batch;
     train.micro_batch = batch;
-    if let Some(s) = select {
-        train.compress = match s {
-            crate::compress::Select::TopK => crate::compress::CompressConfig::default(),
-            crate::compress::Select::Shared => crate::compress::CompressConfig::shared(),
-        };
+    if select == Some(crate::compress::Select::TopK) {
+        let top_k = TrainConfig::top_k(steps.max(1));
+        train.compress = top_k.compress;
+        train.lr = top_k.lr;
     }
     if let Some(k) = topk {
         if !(1..=4096).contains(&k) {
@@ -264,7 +263,7 @@ fn parse(args: &[String]) -> Result<(NodeConfig, BackendChoice), String> {
     // The signed contribution adds a header and a signature to the payload.
     if payload + 1024 > msg::MAX_PAYLOAD {
         return Err(format!(
-            "a payload of this model at top-{} is {payload} bytes, over the {} a member downloads",
+            "a payload of this model at {} coefficients per chunk is {payload} bytes, over the {} a member downloads",
             train.compress.topk,
             msg::MAX_PAYLOAD
         ));
