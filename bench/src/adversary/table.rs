@@ -333,21 +333,24 @@ pub fn publish(
         f.num(&format!("{key}_alone_loss_ratio"), r.alone.mean)
             .num(&format!("{key}_harm_removed"), removed.unwrap_or(nan))
             .num(&format!("{key}_damage_removed"), damage.unwrap_or(nan));
-        ratio(&mut f, "standby_loss_ratio", r.standby);
-        f.num(
-            &format!("{key}_harm_removed_with_standby"),
-            with_standby.unwrap_or(nan),
-        )
-        .num(&format!("{key}_detection"), r.detection)
-        .num(
-            &format!("{key}_epochs_to_slash"),
-            r.epochs_to_slash.map_or(nan, f64::from),
-        )
-        .num(&format!("{key}_audit_overhead_pct"), 100.0 * r.overhead)
-        .num(
-            &format!("{key}_false_accusations"),
-            r.false_accusations as f64,
-        );
+        // Standby figures only in a table that has standby runs.
+        if rows.iter().any(|r| r.standby.is_some()) {
+            ratio(&mut f, "standby_loss_ratio", r.standby);
+            f.num(
+                &format!("{key}_harm_removed_with_standby"),
+                with_standby.unwrap_or(nan),
+            );
+        }
+        f.num(&format!("{key}_detection"), r.detection)
+            .num(
+                &format!("{key}_epochs_to_slash"),
+                r.epochs_to_slash.map_or(nan, f64::from),
+            )
+            .num(&format!("{key}_audit_overhead_pct"), 100.0 * r.overhead)
+            .num(
+                &format!("{key}_false_accusations"),
+                r.false_accusations as f64,
+            );
         let _ = writeln!(
             md,
             "| {} | {} of {members} ({pct}%) | {} | {} | {} | {} | {} | {} | {} | {:.0}% | {} | {:.2}% | {} |",
