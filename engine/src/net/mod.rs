@@ -10,12 +10,14 @@
 
 pub mod diverge;
 pub mod events;
+pub mod exchange;
 mod guard;
 pub mod msg;
 pub mod node;
 pub mod peer;
 pub mod shaper;
 pub mod sim;
+pub mod sim_sharded;
 pub mod step;
 pub mod swarm;
 mod train;

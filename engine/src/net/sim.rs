@@ -69,15 +69,15 @@ impl SimResult {
 }
 
 /// Deterministic xorshift: a simulation must be repeatable from its seed.
-struct Rng(u64);
+pub(super) struct Rng(pub(super) u64);
 impl Rng {
-    fn next(&mut self) -> f64 {
+    pub(super) fn next(&mut self) -> f64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;
         (self.0 >> 11) as f64 / (1u64 << 53) as f64
     }
-    fn uniform(&mut self, (lo, hi): (f64, f64)) -> f64 {
+    pub(super) fn uniform(&mut self, (lo, hi): (f64, f64)) -> f64 {
         lo + (hi - lo) * self.next()
     }
 }
@@ -145,20 +145,29 @@ struct Node {
     tick_at: f64,
 }
 
-/// Payloads a holder is sending at once, each getting an equal share of
-/// its uplink (processor sharing).
-#[derive(Default)]
-struct Uplink {
-    /// (receiver, payload, bytes left to send).
-    active: Vec<(u32, [u8; 32], f64)>,
+/// What a holder is sending at once, each transfer getting an equal share
+/// of its uplink (processor sharing).
+pub(super) struct Uplink<T = [u8; 32]> {
+    /// (receiver, what, bytes left to send).
+    pub(super) active: Vec<(u32, T, f64)>,
     /// When `active`'s bytes left were last brought up to date.
     last: f64,
-    version: u64,
+    pub(super) version: u64,
 }
 
-impl Uplink {
+impl<T> Default for Uplink<T> {
+    fn default() -> Self {
+        Self {
+            active: Vec::new(),
+            last: 0.0,
+            version: 0,
+        }
+    }
+}
+
+impl<T> Uplink<T> {
     /// Sends at `rate` bytes/s, shared, from `last` until `now`.
-    fn advance(&mut self, now: f64, rate: f64) {
+    pub(super) fn advance(&mut self, now: f64, rate: f64) {
         if !self.active.is_empty() {
             let each = (now - self.last) * rate / self.active.len() as f64;
             for t in &mut self.active {
@@ -169,7 +178,7 @@ impl Uplink {
     }
 
     /// When the transfer nearest to done will be, at today's sharing.
-    fn next_done(&mut self, now: f64, rate: f64) -> Option<(f64, u64)> {
+    pub(super) fn next_done(&mut self, now: f64, rate: f64) -> Option<(f64, u64)> {
         self.version += 1;
         let least = self
             .active
@@ -188,7 +197,7 @@ impl Uplink {
     /// at `rate`: event times are rounded down to the nanosecond, so a
     /// transfer's last bytes must not need an event of their own (that
     /// event could fall at the same instant, forever).
-    fn take_done(&mut self, rate: f64) -> Vec<(u32, [u8; 32])> {
+    pub(super) fn take_done(&mut self, rate: f64) -> Vec<(u32, T)> {
         let n = self.active.len() as f64;
         let (done, left): (Vec<_>, Vec<_>) =
             self.active.drain(..).partition(|t| t.2 * n / rate <= 1e-6);

@@ -1,0 +1,1073 @@
+//! The sharded exchange's data plane as a pure state machine (no I/O, no
+//! clock of its own): contributions travel through per-shard aggregators,
+//! so what a node sends and receives each step does not grow with the
+//! member count (issue "Scale", item 2). Step agreement (which members a
+//! step applies) stays with [`super::step::StepMachine`]; the arithmetic
+//! (shards, seats, sums, the fraud check) is [`crate::shard`]. The
+//! simulator ([`super::sim_sharded`]) drives this machine today; the libp2p
+//! node does not yet.
+//!
+//! Per step, with the step's seats (`shard::aggregators`, r per shard):
+//! 1. A member pushes its slice of each shard to that shard's aggregators
+//!    and asks to announce its contribution only once every shard has
+//!    reached at least one of them, so a manifest never lists a
+//!    contribution that no aggregator holds.
+//! 2. Once the manifest is known, an aggregator waits `wait` for pushes
+//!    still in flight, then fetches each listed slice it lacks (from the
+//!    member, then from the shard's other aggregators), sums, and signs
+//!    and gossips the sum's hash.
+//! 3. Every node fetches each shard's sum from one aggregator (the seat
+//!    rotates with node and shard, spreading the load) and accepts it when
+//!    every aggregator of the shard signed that hash, or when those that
+//!    signed agree and the rest are still silent `agree` after the first.
+//!    A disagreement makes the node fetch the shard's slices and recompute
+//!    the sum exactly: it keeps the true sum and convicts each aggregator
+//!    that signed another (the slices and the signed hash are the proof,
+//!    `shard::check`). So a liar is caught at once unless every other
+//!    seat of its shard is silent or lying with it.
+//! 4. Those cases are left to chance the liar cannot see: each node
+//!    recomputes a few shards of every step instead of fetching their sums
+//!    (`spots`), and a few more whenever one of their seats is silent
+//!    (`backups`), both drawn by a seed only it knows. With about `c`
+//!    checkers per shard a lie escapes a step with probability about
+//!    e^-c, and silence costs the seats c recomputations, not one per
+//!    node. The proof convinces every other node (`on_evidence`), which
+//!    recomputes, and rewinds if it had applied the lie. A shard none of
+//!    whose seats signed within `silent` of the manifest is recomputed by
+//!    every node.
+//! 5. When every shard's sum is accepted the step applies.
+//!
+//! Not handled here: a member listed in a manifest whose slices no holder
+//! serves stalls the step (a fall-back manifest without it is the step
+//! machine's job); equivocating aggregators keep their first hash.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+/// A sum's hash, as its aggregator signs it.
+pub type Hash = [u8; 32];
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Timing {
+    /// Wait before retrying a failed push, slice or sum request.
+    pub retry: Duration,
+    /// Grace for pushes still in flight once the manifest is known, before
+    /// an aggregator fetches the listed slices it lacks.
+    pub wait: Duration,
+    /// How long a node waits for a shard's other aggregators once the
+    /// first has signed: longer than `wait` plus a slice fetch, so that an
+    /// aggregator that had to fetch a slice is not taken for a silent one.
+    pub agree: Duration,
+    /// A shard none of whose aggregators has signed a sum this long after
+    /// the manifest is recomputed from its slices.
+    pub silent: Duration,
+}
+
+impl Default for Timing {
+    fn default() -> Self {
+        Self {
+            retry: Duration::from_millis(500),
+            wait: Duration::from_secs(2),
+            agree: Duration::from_secs(5),
+            silent: Duration::from_secs(10),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Send this node's slice of `shard` to its aggregator `to`; report
+    /// the outcome with `on_pushed` or `on_push_failed`.
+    Push { step: u32, shard: u32, to: u32 },
+    /// Every shard holds this node's slice at one aggregator at least:
+    /// announce the contribution (the step machine's `on_local`).
+    Announce { step: u32 },
+    /// Ask `from` for `member`'s slice of `shard`.
+    FetchSlice {
+        step: u32,
+        shard: u32,
+        member: u32,
+        from: u32,
+    },
+    /// Every listed slice of `shard` is held: sum them, sign and gossip
+    /// the sum's hash and serve the sum. The driver reports the hash back
+    /// with `on_sum_hash`, as from any aggregator.
+    PublishSum { step: u32, shard: u32 },
+    /// Ask aggregator `from` for the sum of `shard`.
+    FetchSum { step: u32, shard: u32, from: u32 },
+    /// Fetch the listed slices of `shard` from its aggregator `from` and
+    /// recompute the sum; report with `on_recomputed` or
+    /// `on_recompute_failed`.
+    Recompute { step: u32, shard: u32, from: u32 },
+    /// `aggregator` signed a hash for `shard` that the slices do not give.
+    Convict {
+        step: u32,
+        shard: u32,
+        aggregator: u32,
+    },
+    /// Every shard's sum is accepted: the step can apply.
+    Apply { step: u32 },
+    /// A step already applied used a sum proven wrong: go back to the
+    /// state before it; `Apply` follows again with the true sums.
+    Rewind { step: u32 },
+}
+
+/// What the machine made of an input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    Accepted,
+    /// For a step this node has not opened or has forgotten.
+    UnknownStep,
+    /// A slice for a shard this node does not aggregate, or a hash or sum
+    /// from a member that holds no seat of the shard.
+    NotASeat,
+    /// Nothing new.
+    Duplicate,
+}
+
+/// An aggregator's view of one of its shards.
+#[derive(Debug, Default)]
+struct Agg {
+    held: BTreeSet<u32>,
+    /// Listed members whose slice is not held yet.
+    missing: usize,
+    /// Per missing member: sources tried so far, and whether a request is
+    /// out.
+    asking: BTreeMap<u32, (usize, bool)>,
+    /// Fetching starts at this time (the manifest plus `wait`).
+    fetch_from: Option<Duration>,
+    published: bool,
+}
+
+/// A receiver's view of one shard.
+#[derive(Debug, Default)]
+struct Recv {
+    /// The hash each seat signed.
+    hashes: Vec<Option<Hash>>,
+    first_at: Option<Duration>,
+    /// Seat asked for the sum or slices, how many seats were tried, and
+    /// whether a request is out.
+    asked: usize,
+    out: bool,
+    due: Option<Duration>,
+    got: Option<Hash>,
+    /// Recompute instead of trusting the seats' hashes.
+    recompute: bool,
+    /// Recompute if a seat stays silent.
+    backup: bool,
+    truth: Option<Hash>,
+    accepted: Option<Hash>,
+    convicted: BTreeSet<usize>,
+}
+
+#[derive(Debug)]
+struct Step {
+    seats: Vec<Vec<u32>>,
+    members: Option<Vec<u32>>,
+    manifest_at: Option<Duration>,
+    /// Shards whose slice reached an aggregator (pushes that succeeded).
+    reached: Vec<bool>,
+    reached_left: usize,
+    computed: bool,
+    announced: bool,
+    /// Pushes to retry: (due, shard, aggregator).
+    push_retry: Vec<(Duration, u32, u32)>,
+    agg: BTreeMap<u32, Agg>,
+    recv: Vec<Recv>,
+    accepted_left: usize,
+    applied: bool,
+}
+
+/// One node's sharded exchange across its open steps.
+#[derive(Debug)]
+pub struct Exchange {
+    me: u32,
+    timing: Timing,
+    steps: BTreeMap<u32, Step>,
+    /// (step, shard) to look at on the next poll.
+    dirty: BTreeSet<(u32, u32)>,
+    /// (when, step, shard) to look at again.
+    timers: BTreeSet<(Duration, u32, u32)>,
+    out: Vec<Action>,
+}
+
+impl Exchange {
+    pub fn new(me: u32, timing: Timing) -> Self {
+        Self {
+            me,
+            timing,
+            steps: BTreeMap::new(),
+            dirty: BTreeSet::new(),
+            timers: BTreeSet::new(),
+            out: Vec::new(),
+        }
+    }
+
+    /// Opens `step` with its seats (per shard, its aggregators), the shards
+    /// this node recomputes itself every time (`spots`) and those it
+    /// recomputes only if one of their aggregators stays silent
+    /// (`backups`), both chosen by a seed only this node knows.
+    pub fn open(
+        &mut self,
+        step: u32,
+        seats: Vec<Vec<u32>>,
+        spots: &BTreeSet<u32>,
+        backups: &BTreeSet<u32>,
+    ) {
+        if self.steps.contains_key(&step) {
+            return;
+        }
+        let shards = seats.len();
+        let mut agg = BTreeMap::new();
+        let mut recv = Vec::with_capacity(shards);
+        for (s, seat) in seats.iter().enumerate() {
+            if seat.contains(&self.me) {
+                agg.insert(s as u32, Agg::default());
+            }
+            recv.push(Recv {
+                hashes: vec![None; seat.len()],
+                recompute: spots.contains(&(s as u32)),
+                backup: backups.contains(&(s as u32)),
+                ..Recv::default()
+            });
+        }
+        self.steps.insert(
+            step,
+            Step {
+                seats,
+                members: None,
+                manifest_at: None,
+                reached: vec![false; shards],
+                reached_left: shards,
+                computed: false,
+                announced: false,
+                push_retry: Vec::new(),
+                agg,
+                recv,
+                accepted_left: shards,
+                applied: false,
+            },
+        );
+    }
+
+    /// Forgets every step before `step` (they are applied everywhere that
+    /// matters; the driver keeps what it serves to late peers).
+    pub fn forget_before(&mut self, step: u32) {
+        self.steps = self.steps.split_off(&step);
+        self.dirty = self.dirty.split_off(&(step, 0));
+        self.timers.retain(|t| t.1 >= step);
+    }
+
+    /// This node's own payload for `step` is ready: push its slices.
+    pub fn on_computed(&mut self, step: u32) -> Verdict {
+        let me = self.me;
+        let Some(st) = self.steps.get_mut(&step) else {
+            return Verdict::UnknownStep;
+        };
+        if st.computed {
+            return Verdict::Duplicate;
+        }
+        st.computed = true;
+        for s in 0..st.seats.len() {
+            for &to in &st.seats[s] {
+                if to == me {
+                    if !st.reached[s] {
+                        st.reached[s] = true;
+                        st.reached_left -= 1;
+                    }
+                    self.dirty.insert((step, s as u32));
+                } else {
+                    self.out.push(Action::Push {
+                        step,
+                        shard: s as u32,
+                        to,
+                    });
+                }
+            }
+        }
+        self.dirty.insert((step, u32::MAX));
+        for a in st.agg.values_mut() {
+            Self::hold(a, me, st.members.as_deref());
+        }
+        Verdict::Accepted
+    }
+
+    /// A push of this node's slice reached aggregator `to`.
+    pub fn on_pushed(&mut self, step: u32, shard: u32) -> Verdict {
+        let Some(st) = self.steps.get_mut(&step) else {
+            return Verdict::UnknownStep;
+        };
+        let Some(r) = st.reached.get_mut(shard as usize) else {
+            return Verdict::NotASeat;
+        };
+        if *r {
+            return Verdict::Duplicate;
+        }
+        *r = true;
+        st.reached_left -= 1;
+        self.dirty.insert((step, u32::MAX));
+        Verdict::Accepted
+    }
+
+    /// A push failed: it is tried again after `retry`, until this node has
+    /// announced (the other aggregators then fetch from one that has it).
+    pub fn on_push_failed(&mut self, now: Duration, step: u32, shard: u32, to: u32) {
+        if let Some(st) = self.steps.get_mut(&step) {
+            let due = now + self.timing.retry;
+            st.push_retry.push((due, shard, to));
+            self.timers.insert((due, step, u32::MAX));
+        }
+    }
+
+    /// `member`'s slice of `shard` arrived here (pushed or fetched), already
+    /// checked by the driver against the member's signed commitment.
+    pub fn on_slice(&mut self, step: u32, shard: u32, member: u32) -> Verdict {
+        let Some(st) = self.steps.get_mut(&step) else {
+            return Verdict::UnknownStep;
+        };
+        let Some(a) = st.agg.get_mut(&shard) else {
+            return Verdict::NotASeat;
+        };
+        if a.held.contains(&member) {
+            return Verdict::Duplicate;
+        }
+        Self::hold(a, member, st.members.as_deref());
+        self.dirty.insert((step, shard));
+        Verdict::Accepted
+    }
+
+    fn hold(a: &mut Agg, member: u32, members: Option<&[u32]>) {
+        if a.held.insert(member)
+            && members.is_some_and(|m| m.binary_search(&member).is_ok())
+            && a.asking.remove(&member).is_some()
+        {
+            a.missing -= 1;
+        }
+    }
+
+    /// A slice request to `from` failed: the next source is asked after
+    /// `retry`.
+    pub fn on_slice_failed(&mut self, now: Duration, step: u32, shard: u32, member: u32) {
+        let Some(st) = self.steps.get_mut(&step) else {
+            return;
+        };
+        if let Some((_, out)) = st
+            .agg
+            .get_mut(&shard)
+            .and_then(|a| a.asking.get_mut(&member))
+        {
+            *out = false;
+            self.timers.insert((now + self.timing.retry, step, shard));
+        }
+    }
+
+    /// The step's manifest is known: these members' contributions apply.
+    pub fn on_manifest(&mut self, now: Duration, step: u32, members: &[u32]) -> Verdict {
+        let Some(st) = self.steps.get_mut(&step) else {
+            return Verdict::UnknownStep;
+        };
+        if st.members.is_some() {
+            return Verdict::Duplicate;
+        }
+        let mut listed = members.to_vec();
+        listed.sort_unstable();
+        listed.dedup();
+        for (&s, a) in st.agg.iter_mut() {
+            a.asking = listed
+                .iter()
+                .filter(|m| !a.held.contains(m))
+                .map(|&m| (m, (0, false)))
+                .collect();
+            a.missing = a.asking.len();
+            a.fetch_from = Some(now + self.timing.wait);
+            self.timers.insert((now + self.timing.wait, step, s));
+            self.dirty.insert((step, s));
+        }
+        st.members = Some(listed);
+        st.manifest_at = Some(now);
+        for s in 0..st.seats.len() as u32 {
+            self.dirty.insert((step, s));
+            self.timers.insert((now + self.timing.silent, step, s));
+        }
+        Verdict::Accepted
+    }
+
+    /// Aggregator `from` signed `hash` as the sum of `shard`.
+    pub fn on_sum_hash(
+        &mut self,
+        now: Duration,
+        step: u32,
+        shard: u32,
+        from: u32,
+        hash: Hash,
+    ) -> Verdict {
+        let Some(st) = self.steps.get_mut(&step) else {
+            return Verdict::UnknownStep;
+        };
+        let Some(seat) = st
+            .seats
+            .get(shard as usize)
+            .and_then(|seats| seats.iter().position(|&a| a == from))
+        else {
+            return Verdict::NotASeat;
+        };
+        let r = &mut st.recv[shard as usize];
+        if r.hashes[seat].is_some() {
+            return Verdict::Duplicate;
+        }
+        r.hashes[seat] = Some(hash);
+        if r.first_at.is_none() {
+            r.first_at = Some(now);
+            self.timers.insert((now + self.timing.agree, step, shard));
+        }
+        self.dirty.insert((step, shard));
+        Verdict::Accepted
+    }
+
+    /// The sum of `shard` arrived from `from`, hashing to `hash`.
+    pub fn on_sum(
+        &mut self,
+        now: Duration,
+        step: u32,
+        shard: u32,
+        from: u32,
+        hash: Hash,
+    ) -> Verdict {
+        let Some(st) = self.steps.get_mut(&step) else {
+            return Verdict::UnknownStep;
+        };
+        let Some(seat) = st
+            .seats
+            .get(shard as usize)
+            .and_then(|seats| seats.iter().position(|&a| a == from))
+        else {
+            return Verdict::NotASeat;
+        };
+        let r = &mut st.recv[shard as usize];
+        r.out = false;
+        if r.hashes[seat] == Some(hash) {
+            r.got = Some(hash);
+        } else {
+            // Bytes that are not what their server signed: ask another.
+            r.due = Some(now + self.timing.retry);
+            self.timers.insert((now + self.timing.retry, step, shard));
+        }
+        self.dirty.insert((step, shard));
+        Verdict::Accepted
+    }
+
+    /// A sum or recompute request failed: the next seat is asked after
+    /// `retry`.
+    pub fn on_fetch_failed(&mut self, now: Duration, step: u32, shard: u32) {
+        if let Some(r) = self
+            .steps
+            .get_mut(&step)
+            .and_then(|st| st.recv.get_mut(shard as usize))
+        {
+            r.out = false;
+            r.due = Some(now + self.timing.retry);
+            self.timers.insert((now + self.timing.retry, step, shard));
+        }
+    }
+
+    /// The slices of `shard` recompute to `hash`.
+    pub fn on_recomputed(&mut self, step: u32, shard: u32, hash: Hash) -> Verdict {
+        let Some(r) = self
+            .steps
+            .get_mut(&step)
+            .and_then(|st| st.recv.get_mut(shard as usize))
+        else {
+            return Verdict::UnknownStep;
+        };
+        r.out = false;
+        if r.truth.is_some() {
+            return Verdict::Duplicate;
+        }
+        r.truth = Some(hash);
+        self.dirty.insert((step, shard));
+        Verdict::Accepted
+    }
+
+    /// Another node proved (slices and a signed hash) that a seat of
+    /// `shard` lied: recompute it here too.
+    pub fn on_evidence(&mut self, step: u32, shard: u32) -> Verdict {
+        let Some(r) = self
+            .steps
+            .get_mut(&step)
+            .and_then(|st| st.recv.get_mut(shard as usize))
+        else {
+            return Verdict::UnknownStep;
+        };
+        if r.recompute {
+            return Verdict::Duplicate;
+        }
+        r.recompute = true;
+        self.dirty.insert((step, shard));
+        Verdict::Accepted
+    }
+
+    /// Whether this node holds `member`'s slice of `shard` at `step` (as an
+    /// aggregator), to serve it.
+    pub fn holds(&self, step: u32, shard: u32, member: u32) -> bool {
+        self.steps
+            .get(&step)
+            .and_then(|st| st.agg.get(&shard))
+            .is_some_and(|a| a.held.contains(&member))
+    }
+
+    #[cfg(test)]
+    fn accepted(&self, step: u32, shard: u32) -> Option<Hash> {
+        self.steps.get(&step)?.recv.get(shard as usize)?.accepted
+    }
+
+    /// The earliest time `poll` has something to do without new input.
+    pub fn next_deadline(&self) -> Option<Duration> {
+        self.timers.first().map(|t| t.0)
+    }
+
+    pub fn poll(&mut self, now: Duration) -> Vec<Action> {
+        while let Some(&(t, step, shard)) = self.timers.first() {
+            if t > now {
+                break;
+            }
+            self.timers.pop_first();
+            self.dirty.insert((step, shard));
+        }
+        for (step, shard) in std::mem::take(&mut self.dirty) {
+            self.drive(now, step, shard);
+        }
+        std::mem::take(&mut self.out)
+    }
+
+    fn drive(&mut self, now: Duration, step: u32, shard: u32) {
+        let me = self.me;
+        let timing = self.timing;
+        let Some(st) = self.steps.get_mut(&step) else {
+            return;
+        };
+        // The member's side: retries and the announcement.
+        if st.computed && !st.announced {
+            let mut keep = Vec::new();
+            for (due, s, to) in std::mem::take(&mut st.push_retry) {
+                if st.reached[s as usize] {
+                    continue;
+                }
+                if due <= now {
+                    self.out.push(Action::Push { step, shard: s, to });
+                } else {
+                    keep.push((due, s, to));
+                }
+            }
+            st.push_retry = keep;
+            if st.reached_left == 0 {
+                st.announced = true;
+                self.out.push(Action::Announce { step });
+            }
+        }
+        if shard == u32::MAX {
+            return;
+        }
+        let s = shard as usize;
+        if st.members.is_none() {
+            return;
+        }
+        // The aggregator's side.
+        if let Some(a) = st.agg.get_mut(&shard) {
+            if !a.published && a.missing == 0 {
+                a.published = true;
+                self.out.push(Action::PublishSum { step, shard });
+            } else if !a.published && a.fetch_from.is_some_and(|t| t <= now) {
+                let seats = &st.seats[s];
+                for (&m, (tried, out)) in a.asking.iter_mut() {
+                    if *out {
+                        continue;
+                    }
+                    // The member first, then the shard's other aggregators.
+                    let sources: Vec<u32> = std::iter::once(m)
+                        .chain(seats.iter().copied().filter(|&x| x != m))
+                        .filter(|&x| x != me)
+                        .collect();
+                    if sources.is_empty() {
+                        continue;
+                    }
+                    let from = sources[*tried % sources.len()];
+                    *tried += 1;
+                    *out = true;
+                    self.out.push(Action::FetchSlice {
+                        step,
+                        shard,
+                        member: m,
+                        from,
+                    });
+                }
+            }
+        }
+        // The receiver's side.
+        let seats = &st.seats[s];
+        let r = &mut st.recv[s];
+        let was = r.accepted;
+        let own = seats.iter().position(|&x| x == me);
+        if let Some(truth) = r.truth {
+            for (i, h) in r.hashes.iter().enumerate() {
+                if h.is_some_and(|h| h != truth) && r.convicted.insert(i) {
+                    self.out.push(Action::Convict {
+                        step,
+                        shard,
+                        aggregator: seats[i],
+                    });
+                }
+            }
+            r.accepted = Some(truth);
+        } else {
+            let signed: Vec<Hash> = r.hashes.iter().flatten().copied().collect();
+            let disagree = signed.windows(2).any(|w| w[0] != w[1]);
+            let all = signed.len() == r.hashes.len();
+            // Seats still silent `agree` after the first signed: the signed
+            // ones are taken at their word, except by this shard's backups.
+            let silent = !all && r.first_at.is_some_and(|t| t + timing.agree <= now);
+            // Nobody signed at all: every node recomputes.
+            let orphan =
+                signed.is_empty() && st.manifest_at.is_some_and(|t| t + timing.silent <= now);
+            if disagree || orphan || (silent && r.backup) {
+                r.recompute = true;
+            }
+            let free = !r.out && r.due.is_none_or(|d| d <= now);
+            if r.recompute {
+                let local = own.is_some() && st.agg.get(&shard).is_some_and(|a| a.missing == 0);
+                let n = seats.len();
+                let start = (me as usize + s) % n;
+                let pick = (0..n)
+                    .map(|k| (start + r.asked + k) % n)
+                    .find(|&i| seats[i] != me);
+                if free && (local || pick.is_some()) {
+                    let from = if local {
+                        me
+                    } else {
+                        r.asked += 1;
+                        seats[pick.expect("checked")]
+                    };
+                    r.out = true;
+                    r.due = None;
+                    self.out.push(Action::Recompute { step, shard, from });
+                }
+            } else if let Some(h) = own.and_then(|i| r.hashes[i]) {
+                // This node's own sum.
+                r.got = Some(h);
+            } else if r.got.is_none() && free && (own.is_none() || silent) {
+                // (An aggregator fetches another seat's sum only when its
+                // own is overdue.)
+                // A sum only from a seat that has signed one, rotating by
+                // node and shard so the seats share the serving.
+                let n = seats.len();
+                let start = (me as usize + s) % n;
+                if let Some(i) = (0..n)
+                    .map(|k| (start + r.asked + k) % n)
+                    .find(|&i| r.hashes[i].is_some())
+                {
+                    r.asked += 1;
+                    r.out = true;
+                    r.due = None;
+                    self.out.push(Action::FetchSum {
+                        step,
+                        shard,
+                        from: seats[i],
+                    });
+                }
+            }
+            if !r.recompute
+                && (all || silent)
+                && !disagree
+                && r.got.is_some()
+                && r.got == signed.first().copied()
+            {
+                r.accepted = r.got;
+            }
+        }
+        if was.is_none() && r.accepted.is_some() {
+            st.accepted_left -= 1;
+        }
+        if was.is_some() && r.accepted != was && st.applied {
+            st.applied = false;
+            self.out.push(Action::Rewind { step });
+        }
+        if st.accepted_left == 0 && !st.applied {
+            st.applied = true;
+            self.out.push(Action::Apply { step });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compress::Draw;
+    use crate::shard;
+
+    const TRUE: u8 = 1;
+    const LIE: u8 = 0xEE;
+
+    /// Nodes wired to each other with instant delivery; what they do wrong
+    /// is set per test.
+    struct World {
+        nodes: Vec<Exchange>,
+        now: Duration,
+        seats: Vec<Vec<u32>>,
+        /// Aggregators that sign and serve a wrong sum.
+        liars: BTreeSet<u32>,
+        /// Aggregators that never publish nor serve anything.
+        silent: BTreeSet<u32>,
+        /// Pushes (member, aggregator) that fail.
+        lost: BTreeSet<(u32, u32)>,
+        signed: BTreeMap<(u32, u32), Hash>,
+        announced: BTreeSet<u32>,
+        applied: BTreeMap<u32, Vec<u32>>,
+        rewound: BTreeSet<u32>,
+        convicted: BTreeSet<(u32, u32)>,
+        pushes: BTreeMap<u32, usize>,
+        recomputed: BTreeSet<(u32, u32)>,
+    }
+
+    fn truth(shard: u32) -> Hash {
+        [TRUE.wrapping_add(shard as u8); 32]
+    }
+
+    impl World {
+        fn new(
+            n: u32,
+            shards: usize,
+            r: usize,
+            spots: impl Fn(u32) -> BTreeSet<u32>,
+            backups: impl Fn(u32) -> BTreeSet<u32>,
+        ) -> Self {
+            let members: Vec<u32> = (0..n).collect();
+            let seats = shard::aggregators(&members, shards, r, Draw(7)).unwrap();
+            let nodes = (0..n)
+                .map(|i| {
+                    let mut x = Exchange::new(i, Timing::default());
+                    x.open(0, seats.clone(), &spots(i), &backups(i));
+                    x
+                })
+                .collect();
+            Self {
+                nodes,
+                now: Duration::ZERO,
+                seats,
+                liars: BTreeSet::new(),
+                silent: BTreeSet::new(),
+                lost: BTreeSet::new(),
+                signed: BTreeMap::new(),
+                announced: BTreeSet::new(),
+                applied: BTreeMap::new(),
+                rewound: BTreeSet::new(),
+                convicted: BTreeSet::new(),
+                pushes: BTreeMap::new(),
+                recomputed: BTreeSet::new(),
+            }
+        }
+
+        /// Delivers every action until nothing is left to do now.
+        fn settle(&mut self) {
+            loop {
+                let mut any = false;
+                for i in 0..self.nodes.len() as u32 {
+                    for a in self.nodes[i as usize].poll(self.now) {
+                        any = true;
+                        self.handle(i, a);
+                    }
+                }
+                if !any {
+                    return;
+                }
+            }
+        }
+
+        /// Runs until no node has anything left, ever.
+        fn run(&mut self) {
+            for _ in 0..1000 {
+                self.settle();
+                match self.nodes.iter().filter_map(|x| x.next_deadline()).min() {
+                    Some(t) => self.now = self.now.max(t),
+                    None => return,
+                }
+            }
+            panic!("the exchange did not come to rest");
+        }
+
+        fn handle(&mut self, i: u32, a: Action) {
+            let now = self.now;
+            match a {
+                Action::Push { step, shard, to } => {
+                    *self.pushes.entry(i).or_default() += 1;
+                    if self.lost.contains(&(i, to)) {
+                        self.nodes[i as usize].on_push_failed(now, step, shard, to);
+                    } else {
+                        self.nodes[to as usize].on_slice(step, shard, i);
+                        self.nodes[i as usize].on_pushed(step, shard);
+                    }
+                }
+                Action::Announce { .. } => {
+                    self.announced.insert(i);
+                }
+                Action::FetchSlice {
+                    step,
+                    shard,
+                    member,
+                    from,
+                } => {
+                    let has = !self.silent.contains(&from)
+                        && (from == member || self.nodes[from as usize].holds(step, shard, member));
+                    if has {
+                        self.nodes[i as usize].on_slice(step, shard, member);
+                    } else {
+                        self.nodes[i as usize].on_slice_failed(now, step, shard, member);
+                    }
+                }
+                Action::PublishSum { step, shard } => {
+                    if self.silent.contains(&i) {
+                        return;
+                    }
+                    let h = if self.liars.contains(&i) {
+                        [LIE; 32]
+                    } else {
+                        truth(shard)
+                    };
+                    self.signed.insert((shard, i), h);
+                    for x in &mut self.nodes {
+                        x.on_sum_hash(now, step, shard, i, h);
+                    }
+                }
+                Action::FetchSum { step, shard, from } => match self.signed.get(&(shard, from)) {
+                    Some(&h) => {
+                        self.nodes[i as usize].on_sum(now, step, shard, from, h);
+                    }
+                    None => self.nodes[i as usize].on_fetch_failed(now, step, shard),
+                },
+                Action::Recompute { step, shard, from } => {
+                    self.recomputed.insert((i, shard));
+                    if self.silent.contains(&from) && from != i {
+                        self.nodes[i as usize].on_fetch_failed(now, step, shard);
+                    } else {
+                        self.nodes[i as usize].on_recomputed(step, shard, truth(shard));
+                    }
+                }
+                Action::Convict {
+                    step,
+                    shard,
+                    aggregator,
+                    ..
+                } => {
+                    self.convicted.insert((i, aggregator));
+                    // The proof reaches everyone.
+                    for x in &mut self.nodes {
+                        x.on_evidence(step, shard);
+                    }
+                }
+                Action::Apply { step } => self.applied.entry(i).or_default().push(step),
+                Action::Rewind { step } => {
+                    self.rewound.insert(i);
+                    assert_eq!(self.applied.get_mut(&i).and_then(|v| v.pop()), Some(step));
+                }
+            }
+        }
+
+        /// Every node computes; once all have announced, the manifest lists
+        /// them all.
+        fn step(&mut self) {
+            for x in &mut self.nodes {
+                x.on_computed(0);
+            }
+            self.settle();
+            let members: Vec<u32> = self.announced.iter().copied().collect();
+            for x in &mut self.nodes {
+                x.on_manifest(self.now, 0, &members);
+            }
+            self.run();
+        }
+
+        fn everyone_applied_once(&self) -> bool {
+            (0..self.nodes.len() as u32).all(|i| self.applied.get(&i) == Some(&vec![0]))
+        }
+    }
+
+    fn none(_: u32) -> BTreeSet<u32> {
+        BTreeSet::new()
+    }
+
+    #[test]
+    fn every_node_applies_once_every_seat_of_every_shard_signed_the_same_sum() {
+        let mut w = World::new(12, 12, 2, none, none);
+        w.step();
+        assert_eq!(w.announced.len(), 12);
+        assert!(w.everyone_applied_once(), "{:?}", w.applied);
+        assert!(w.convicted.is_empty() && w.rewound.is_empty());
+        // Each member pushes each shard to its aggregators other than itself.
+        for (i, n) in &w.pushes {
+            let seats: usize = w.seats.iter().flatten().filter(|&&a| a != *i).count();
+            assert_eq!(*n, seats);
+        }
+    }
+
+    #[test]
+    fn a_member_announces_only_once_every_shard_reached_an_aggregator() {
+        let mut w = World::new(6, 6, 2, none, none);
+        // Member 0 loses every push to the seats of shard 1 but its own.
+        for &a in &w.seats[1].clone() {
+            w.lost.insert((0, a));
+        }
+        for x in &mut w.nodes {
+            x.on_computed(0);
+        }
+        w.settle();
+        let shard1_has_0 = w.seats[1].contains(&0);
+        assert_eq!(w.announced.contains(&0), shard1_has_0);
+        assert_eq!(w.announced.len(), if shard1_has_0 { 6 } else { 5 });
+        // Once one push gets through, on a retry, it announces.
+        let a = w.seats[1][0];
+        w.lost.remove(&(0, a));
+        w.now += Timing::default().retry;
+        w.settle();
+        assert!(w.announced.contains(&0));
+    }
+
+    #[test]
+    fn an_aggregator_fetches_a_listed_slice_that_was_never_pushed_to_it() {
+        let mut w = World::new(8, 8, 3, none, none);
+        // Every push from member 5 to aggregator `a` is lost; the shards'
+        // other seats get theirs, so 5 announces and is listed.
+        let a = (0..8).find(|&a| a != 5).unwrap();
+        w.lost.insert((5, a));
+        w.step();
+        assert!(w.announced.contains(&5));
+        assert!(w.seats.iter().any(|s| s.contains(&a) && !s.contains(&5)));
+        assert!(w.everyone_applied_once());
+        assert!(w.convicted.is_empty());
+    }
+
+    #[test]
+    fn a_lying_aggregator_is_convicted_and_every_node_applies_the_true_sums() {
+        let mut w = World::new(10, 10, 2, none, none);
+        w.liars.insert(3);
+        w.step();
+        assert!(w.everyone_applied_once(), "{:?}", w.applied);
+        let convicts: BTreeSet<u32> = w.convicted.iter().map(|c| c.1).collect();
+        assert_eq!(convicts, BTreeSet::from([3]));
+        // Nobody applied the lie: nothing had to be rewound.
+        assert!(w.rewound.is_empty());
+    }
+
+    #[test]
+    fn a_silent_aggregator_delays_its_shards_but_does_not_stall_the_step() {
+        let mut w = World::new(8, 8, 2, none, none);
+        w.silent.insert(2);
+        w.step();
+        assert!(w.everyone_applied_once());
+        // Silence is not proof: nobody is convicted, and nobody paid for a
+        // recomputation it was not drawn for.
+        assert!(w.convicted.is_empty() && w.rewound.is_empty());
+        assert!(w.recomputed.is_empty());
+        assert!(w.now >= Timing::default().agree);
+    }
+
+    #[test]
+    fn a_liar_whose_partner_is_silent_is_caught_by_a_backup_check() {
+        let members: Vec<u32> = (0..8).collect();
+        let seats = shard::aggregators(&members, 8, 2, Draw(7)).unwrap();
+        let (liar, mute) = (seats[0][0], seats[0][1]);
+        let checker = (0..8).find(|i| !seats[0].contains(i)).unwrap();
+        let backup = |i| {
+            if i == checker {
+                BTreeSet::from([0])
+            } else {
+                BTreeSet::new()
+            }
+        };
+        let mut w = World::new(8, 8, 2, none, backup);
+        w.liars.insert(liar);
+        w.silent.insert(mute);
+        w.step();
+        assert!(w.everyone_applied_once(), "{:?}", w.applied);
+        assert!(w.convicted.contains(&(checker, liar)));
+        assert!(!w.convicted.iter().any(|c| c.1 == mute));
+        for x in &w.nodes {
+            assert_eq!(x.accepted(0, 0), Some(truth(0)));
+        }
+    }
+
+    #[test]
+    fn without_a_backup_a_liar_whose_partner_is_silent_goes_unnoticed() {
+        // Why backups exist: the attack above succeeds without one.
+        let members: Vec<u32> = (0..8).collect();
+        let seats = shard::aggregators(&members, 8, 2, Draw(7)).unwrap();
+        let mut w = World::new(8, 8, 2, none, none);
+        w.liars.insert(seats[0][0]);
+        w.silent.insert(seats[0][1]);
+        w.step();
+        assert!(w.everyone_applied_once());
+        assert!(w.convicted.is_empty());
+        assert!(w.nodes.iter().all(|x| x.accepted(0, 0) == Some([LIE; 32])));
+    }
+
+    #[test]
+    fn all_seats_of_a_shard_lying_together_are_caught_by_a_spot_check_and_everyone_ends_on_the_truth()
+     {
+        // Shard 0's two aggregators lie together; only node `spotter`
+        // recomputes shard 0 on its own.
+        let members: Vec<u32> = (0..8).collect();
+        let seats = shard::aggregators(&members, 8, 2, Draw(7)).unwrap();
+        let spotter = (0..8).find(|i| !seats[0].contains(i)).unwrap();
+        let spot = |i| {
+            if i == spotter {
+                BTreeSet::from([0])
+            } else {
+                BTreeSet::new()
+            }
+        };
+        let mut w = World::new(8, 8, 2, spot, none);
+        for &a in &seats[0] {
+            w.liars.insert(a);
+        }
+        w.step();
+        assert!(w.everyone_applied_once(), "{:?}", w.applied);
+        let convicts: BTreeSet<u32> = w.convicted.iter().map(|c| c.1).collect();
+        assert_eq!(convicts, seats[0].iter().copied().collect());
+        assert!(w.convicted.iter().any(|c| c.0 == spotter));
+        // Every node ends on the true sum, whether it had applied the lie
+        // (and rewound) or heard the evidence first.
+        for x in &w.nodes {
+            assert_eq!(x.accepted(0, 0), Some(truth(0)));
+        }
+    }
+
+    #[test]
+    fn without_spot_checks_colluding_seats_go_unnoticed() {
+        // The reason spot checks exist: the attack above succeeds without them.
+        let members: Vec<u32> = (0..8).collect();
+        let seats = shard::aggregators(&members, 8, 2, Draw(7)).unwrap();
+        let mut w = World::new(8, 8, 2, none, none);
+        for &a in &seats[0] {
+            w.liars.insert(a);
+        }
+        w.step();
+        assert!(w.everyone_applied_once());
+        assert!(w.convicted.is_empty());
+        assert!(w.nodes.iter().all(|x| x.accepted(0, 0) == Some([LIE; 32])));
+    }
+
+    #[test]
+    fn inputs_for_unknown_steps_or_seats_change_nothing() {
+        let mut w = World::new(4, 4, 2, none, none);
+        let outsider = (0..4).find(|i| !w.seats[0].contains(i)).unwrap();
+        let x = &mut w.nodes[0];
+        assert_eq!(x.on_slice(9, 0, 1), Verdict::UnknownStep);
+        assert_eq!(
+            x.on_sum_hash(Duration::ZERO, 0, 0, outsider, [5; 32]),
+            Verdict::NotASeat
+        );
+        assert_eq!(
+            x.on_sum(Duration::ZERO, 0, 99, 0, [5; 32]),
+            Verdict::NotASeat
+        );
+        assert_eq!(x.on_computed(0), Verdict::Accepted);
+        assert_eq!(x.on_computed(0), Verdict::Duplicate);
+    }
+}

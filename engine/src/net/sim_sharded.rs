@@ -1,0 +1,781 @@
+//! The sharded exchange in virtual time: every node runs the real
+//! [`StepMachine`] for step agreement and the real [`Exchange`] for the
+//! data plane; compute, every transfer (pushed slices, fetched slices,
+//! sums, a recomputation's slices) and gossip are modelled as in
+//! [`super::sim`]: an uplink is shared by what it sends at once, a
+//! downlink serves first come, first served, a share of requests fails at
+//! the node's request deadline. The libp2p node does not run this exchange
+//! yet, so these are a design's figures, not the shipped node's.
+
+use super::exchange::{self, Action as XAction, Exchange, Hash};
+use super::msg::{Announce, Manifest};
+use super::sim::{Rng, SimConfig, SimResult, Uplink};
+use super::step::{Action, StepMachine};
+use crate::compress::Draw;
+use crate::shard;
+use std::cmp::Reverse;
+use std::collections::{BTreeSet, BinaryHeap, HashSet};
+use std::time::Duration;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ShardedConfig {
+    pub base: SimConfig,
+    /// Aggregators per shard.
+    pub redundancy: usize,
+    /// Shards per step; 0 means one per member.
+    pub shards: usize,
+    /// Shards each node recomputes from their slices every step.
+    pub spots: usize,
+    /// Nodes, on average, that recompute a shard one of whose aggregators
+    /// is silent.
+    pub backups: usize,
+    /// Sign positions in one payload (its body's bits).
+    pub positions: u64,
+    /// Bits per position of a published sum.
+    pub sum_bits: u32,
+    pub timing: exchange::Timing,
+}
+
+/// Bytes a signed message carries besides its body (header, signature).
+const ENVELOPE: f64 = 100.0;
+
+impl ShardedConfig {
+    pub fn shard_count(&self) -> usize {
+        if self.shards == 0 {
+            self.base.nodes.max(1) as usize
+        } else {
+            self.shards
+        }
+    }
+
+    /// One member's slice of one shard: its signs, the Merkle path to the
+    /// root it signed, and the envelope.
+    pub fn slice_bytes(&self) -> f64 {
+        let s = self.shard_count() as f64;
+        let path = 32.0 * s.log2().ceil().max(0.0);
+        self.positions as f64 / 8.0 / s + path + ENVELOPE
+    }
+
+    /// One shard's published sum.
+    pub fn sum_bytes(&self) -> f64 {
+        self.positions as f64 * self.sum_bits as f64 / 8.0 / self.shard_count() as f64 + ENVELOPE
+    }
+
+    /// Every shard's sum: what each node downloads per step.
+    pub fn aggregate_bytes(&self) -> f64 {
+        self.sum_bytes() * self.shard_count() as f64
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct ShardedResult {
+    pub run: SimResult,
+    /// Bytes sent and received per node per applied step: mean over nodes,
+    /// and the most any node moved.
+    pub up_mean: f64,
+    pub up_max: f64,
+    pub down_mean: f64,
+    pub down_max: f64,
+    /// Recomputations per node per step (spot checks and disputes).
+    pub recomputes: f64,
+    pub convictions: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum What {
+    Push { step: u32, shard: u32 },
+    Slice { step: u32, shard: u32, member: u32 },
+    Sum { step: u32, shard: u32 },
+    Slices { step: u32, shard: u32 },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum Ev {
+    ComputeDone {
+        node: u32,
+        step: u32,
+    },
+    /// `node` is asked by `to` for `what` (or pushes it).
+    Request {
+        node: u32,
+        to: u32,
+        what: What,
+    },
+    UplinkDone {
+        node: u32,
+        version: u64,
+    },
+    Arrive {
+        node: u32,
+        from: u32,
+        what: What,
+    },
+    Pushed {
+        node: u32,
+        step: u32,
+        shard: u32,
+    },
+    Failed {
+        node: u32,
+        from: u32,
+        what: What,
+    },
+    Announce {
+        node: u32,
+        from: u32,
+        step: u32,
+    },
+    Manifest {
+        node: u32,
+        idx: usize,
+    },
+    SumHashes {
+        node: u32,
+        from: u32,
+        step: u32,
+        shards: Vec<u32>,
+    },
+    Tick {
+        node: u32,
+    },
+    ApplyDone {
+        node: u32,
+    },
+}
+
+impl Ev {
+    fn node(&self) -> u32 {
+        match self {
+            Ev::ComputeDone { node, .. }
+            | Ev::Request { node, .. }
+            | Ev::UplinkDone { node, .. }
+            | Ev::Arrive { node, .. }
+            | Ev::Pushed { node, .. }
+            | Ev::Failed { node, .. }
+            | Ev::Announce { node, .. }
+            | Ev::Manifest { node, .. }
+            | Ev::SumHashes { node, .. }
+            | Ev::Tick { node }
+            | Ev::ApplyDone { node } => *node,
+        }
+    }
+}
+
+struct Node {
+    steps: StepMachine,
+    ex: Exchange,
+    opened: u32,
+    speed: f64,
+    up: f64,
+    down: f64,
+    latency: f64,
+    uplink: Uplink<What>,
+    down_free: f64,
+    applied: u32,
+    contributions: u64,
+    next_compute: u32,
+    busy: bool,
+    ready: BTreeSet<u32>,
+    compute_total: f64,
+    done_at: Option<f64>,
+    tick_at: f64,
+    up_bytes: f64,
+    down_bytes: f64,
+    recomputes: u64,
+}
+
+const TRUE_SUM: Hash = [1; 32];
+
+fn hash_of(step: u32, member: u32) -> [u8; 32] {
+    let mut h = [0u8; 32];
+    h[..4].copy_from_slice(&step.to_le_bytes());
+    h[4..8].copy_from_slice(&member.to_le_bytes());
+    h[8] = 2;
+    h
+}
+
+/// Runs the sharded exchange; `free_network` removes every transfer cost.
+pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResult {
+    let base = &cfg.base;
+    let mut rng = Rng(base.seed | 1);
+    let n = base.nodes.max(1);
+    let job = [9u8; 32];
+    let shards = cfg.shard_count();
+    let members: Vec<u32> = (0..n).collect();
+    let seats: Vec<Vec<Vec<u32>>> = (0..base.steps)
+        .map(|t| {
+            shard::aggregators(
+                &members,
+                shards,
+                cfg.redundancy.min(n as usize),
+                Draw::for_step(&job, t),
+            )
+            .expect("redundancy within the member count")
+        })
+        .collect();
+    let huge = 1e30;
+    let mut nodes: Vec<Node> = (0..n)
+        .map(|i| {
+            let (up, down, latency) = (
+                rng.uniform(base.up_mbit) * 1e6 / 8.0,
+                rng.uniform(base.down_mbit) * 1e6 / 8.0,
+                rng.uniform(base.latency_ms) / 1e3,
+            );
+            Node {
+                steps: StepMachine::new(job, 0, [7; 32], n, i, base.timing, Some(0)),
+                ex: Exchange::new(i, cfg.timing),
+                opened: 0,
+                speed: rng.uniform((1.0 - base.speed_spread, 1.0 + base.speed_spread)),
+                up: if free_network { huge } else { up },
+                down: if free_network { huge } else { down },
+                latency: if free_network { 0.0 } else { latency },
+                uplink: Uplink::default(),
+                down_free: 0.0,
+                applied: 0,
+                contributions: 0,
+                next_compute: 0,
+                busy: false,
+                ready: BTreeSet::new(),
+                compute_total: 0.0,
+                done_at: None,
+                tick_at: f64::INFINITY,
+                up_bytes: 0.0,
+                down_bytes: 0.0,
+                recomputes: 0,
+            }
+        })
+        .collect();
+    // Opens every step up to `step` at a node, with its secret spot checks.
+    let open = |x: &mut Node, node: u32, step: u32| {
+        while x.opened <= step && (x.opened as usize) < seats.len() {
+            let t = x.opened;
+            let mut pick =
+                Rng(base.seed ^ ((node as u64) << 32) ^ t as u64 ^ 0x9e37_79b9_7f4a_7c15);
+            let mut spots = BTreeSet::new();
+            while spots.len() < cfg.spots.min(shards) {
+                spots.insert(((pick.next() * shards as f64) as u32).min(shards as u32 - 1));
+            }
+            // Each shard is a backup of about `backups` nodes.
+            let p = cfg.backups as f64 / n as f64;
+            let backups: BTreeSet<u32> = (0..shards as u32).filter(|_| pick.next() < p).collect();
+            x.ex.open(t, seats[t as usize].clone(), &spots, &backups);
+            x.opened += 1;
+        }
+    };
+    let bytes = |w: &What, listed: usize| match w {
+        What::Push { .. } | What::Slice { .. } => cfg.slice_bytes(),
+        What::Sum { .. } => cfg.sum_bytes(),
+        What::Slices { .. } => cfg.slice_bytes() * listed as f64,
+    };
+    let failure = if free_network {
+        0.0
+    } else {
+        base.fetch_failure
+    };
+    let mut manifests: Vec<Manifest> = Vec::new();
+    // Sums published: (step, shard, aggregator).
+    let mut published: HashSet<(u32, u32, u32)> = HashSet::new();
+    let mut queue: BinaryHeap<Reverse<(u64, u64, Ev)>> = BinaryHeap::new();
+    let mut seq = 0u64;
+    let mut push = |q: &mut BinaryHeap<Reverse<(u64, u64, Ev)>>, t: f64, ev: Ev| {
+        seq += 1;
+        q.push(Reverse(((t * 1e9) as u64, seq, ev)));
+    };
+    let mut contributors = (0u64, 0u64);
+    let mut convictions = 0u64;
+    for i in 0..n {
+        nodes[i as usize].steps.on_applied(0, [0; 32]);
+        push(&mut queue, 0.0, Ev::Tick { node: i });
+    }
+    let link =
+        |nodes: &[Node], a: u32, b: u32| nodes[a as usize].latency + nodes[b as usize].latency;
+    let announce = |step: u32, member: u32| Announce {
+        job,
+        epoch: 0,
+        step,
+        member,
+        payload_hash: hash_of(step, member),
+        momentum_hash: [0; 32],
+        len: base.payload_bytes as u32,
+        produced_us: 0,
+    };
+    // Listed members per step, as the manifest a node applies says (the
+    // same everywhere in an honest run).
+    let mut listed: Vec<usize> = vec![n as usize; base.steps as usize];
+    let mut now = 0.0f64;
+    let mut finished = 0usize;
+    while let Some(Reverse((t, _, ev))) = queue.pop() {
+        now = t as f64 / 1e9;
+        let d = Duration::from_secs_f64(now);
+        let node = ev.node();
+        match ev {
+            Ev::ComputeDone { step, .. } => {
+                let me = &mut nodes[node as usize];
+                me.busy = false;
+                open(me, node, step);
+                me.ex.on_computed(step);
+            }
+            Ev::Request { to, what, .. } => {
+                // A server that cannot serve says so at once.
+                let can = match what {
+                    What::Push { .. } => true,
+                    What::Slice {
+                        step,
+                        shard,
+                        member,
+                    } => member == node || nodes[node as usize].ex.holds(step, shard, member),
+                    What::Sum { step, shard } | What::Slices { step, shard } => {
+                        published.contains(&(step, shard, node))
+                    }
+                };
+                if !can {
+                    let at = now + link(&nodes, node, to);
+                    push(
+                        &mut queue,
+                        at,
+                        Ev::Failed {
+                            node: to,
+                            from: node,
+                            what,
+                        },
+                    );
+                    continue;
+                }
+                let b = bytes(&what, listed[step_of(&what) as usize]);
+                let src = &mut nodes[node as usize];
+                src.uplink.advance(now, src.up);
+                src.uplink.active.push((to, what, b));
+                if let Some((t, version)) = src.uplink.next_done(now, src.up) {
+                    push(&mut queue, t, Ev::UplinkDone { node, version });
+                }
+            }
+            Ev::UplinkDone { version, .. } if version == nodes[node as usize].uplink.version => {
+                let src = &mut nodes[node as usize];
+                src.uplink.advance(now, src.up);
+                let done = src.uplink.take_done(src.up);
+                if let Some((t, version)) = src.uplink.next_done(now, src.up) {
+                    push(&mut queue, t, Ev::UplinkDone { node, version });
+                }
+                for (to, what) in done {
+                    let b = bytes(&what, listed[step_of(&what) as usize]);
+                    nodes[node as usize].up_bytes += b;
+                    let lat = link(&nodes, node, to);
+                    let dst = &mut nodes[to as usize];
+                    dst.down_bytes += b;
+                    let recv = (now + lat).max(dst.down_free + b / dst.down);
+                    dst.down_free = recv;
+                    push(
+                        &mut queue,
+                        recv,
+                        Ev::Arrive {
+                            node: to,
+                            from: node,
+                            what,
+                        },
+                    );
+                }
+            }
+            Ev::UplinkDone { .. } => {}
+            Ev::Arrive { from, what, .. } => {
+                let me = &mut nodes[node as usize];
+                match what {
+                    What::Push { step, shard } => {
+                        open(me, node, step);
+                        me.ex.on_slice(step, shard, from);
+                        let at = now + link(&nodes, node, from);
+                        push(
+                            &mut queue,
+                            at,
+                            Ev::Pushed {
+                                node: from,
+                                step,
+                                shard,
+                            },
+                        );
+                    }
+                    What::Slice {
+                        step,
+                        shard,
+                        member,
+                    } => {
+                        me.ex.on_slice(step, shard, member);
+                    }
+                    What::Sum { step, shard } => {
+                        me.ex.on_sum(d, step, shard, from, TRUE_SUM);
+                    }
+                    What::Slices { step, shard } => {
+                        me.ex.on_recomputed(step, shard, TRUE_SUM);
+                    }
+                }
+            }
+            Ev::Pushed { step, shard, .. } => {
+                nodes[node as usize].ex.on_pushed(step, shard);
+            }
+            Ev::Failed { from, what, .. } => {
+                let ex = &mut nodes[node as usize].ex;
+                match what {
+                    What::Push { step, shard } => ex.on_push_failed(d, step, shard, from),
+                    What::Slice {
+                        step,
+                        shard,
+                        member,
+                    } => ex.on_slice_failed(d, step, shard, member),
+                    What::Sum { step, shard } | What::Slices { step, shard } => {
+                        ex.on_fetch_failed(d, step, shard)
+                    }
+                }
+            }
+            Ev::Announce { from, step, .. } => {
+                let m = &mut nodes[node as usize].steps;
+                // The contribution is held by aggregators, not fetched: to
+                // the step machine it is in hand once announced.
+                m.on_announce(d, &announce(step, from));
+                let _ = m.on_payload(d, hash_of(step, from));
+            }
+            Ev::Manifest { idx, .. } => {
+                nodes[node as usize]
+                    .steps
+                    .on_manifest(d, manifests[idx].clone());
+            }
+            Ev::SumHashes {
+                from, step, shards, ..
+            } => {
+                let me = &mut nodes[node as usize];
+                open(me, node, step);
+                for s in shards {
+                    me.ex.on_sum_hash(d, step, s, from, TRUE_SUM);
+                }
+            }
+            Ev::Tick { .. } => {}
+            Ev::ApplyDone { .. } => {
+                let me = &mut nodes[node as usize];
+                me.busy = false;
+                me.applied += 1;
+                let applied = me.applied;
+                me.steps.on_applied(applied, [applied as u8; 32]);
+                me.ex.forget_before(applied.saturating_sub(4));
+            }
+        }
+        // Step agreement.
+        for a in nodes[node as usize].steps.poll(d) {
+            match a {
+                Action::Fetch { hash, .. } => {
+                    let _ = nodes[node as usize].steps.on_payload(d, hash);
+                }
+                Action::Publish(m) => {
+                    contributors.0 += m.entries.len() as u64;
+                    contributors.1 += 1;
+                    manifests.push(m);
+                    let idx = manifests.len() - 1;
+                    let g = base.gossip_bytes as f64 / nodes[node as usize].up;
+                    for j in (0..n).filter(|&j| j != node) {
+                        let at = now + link(&nodes, node, j) + g;
+                        push(&mut queue, at, Ev::Manifest { node: j, idx });
+                    }
+                }
+                Action::Apply { manifest, .. } => {
+                    let members: Vec<u32> = manifest.entries.iter().map(|e| e.0).collect();
+                    let me = &mut nodes[node as usize];
+                    me.contributions += members.len() as u64;
+                    if let Some(l) = listed.get_mut(manifest.step as usize) {
+                        *l = members.len();
+                    }
+                    open(me, node, manifest.step);
+                    me.ex.on_manifest(d, manifest.step, &members);
+                }
+                Action::RequestManifest { .. } => {}
+            }
+        }
+        // The data plane.
+        let mut sums: Vec<(u32, u32)> = Vec::new();
+        for a in nodes[node as usize].ex.poll(d) {
+            let mut request = |q: &mut BinaryHeap<Reverse<(u64, u64, Ev)>>,
+                               rng: &mut Rng,
+                               nodes: &[Node],
+                               server: u32,
+                               what: What| {
+                if rng.next() < failure {
+                    let b = bytes(&what, listed[step_of(&what) as usize]);
+                    let wait = base
+                        .timing
+                        .deadline((b as u64).min(super::msg::PART as u64));
+                    push(
+                        q,
+                        now + wait.as_secs_f64(),
+                        Ev::Failed {
+                            node,
+                            from: server,
+                            what,
+                        },
+                    );
+                } else if matches!(what, What::Push { .. }) {
+                    push(
+                        q,
+                        now,
+                        Ev::Request {
+                            node,
+                            to: server,
+                            what,
+                        },
+                    );
+                } else {
+                    let at = now + link(nodes, node, server);
+                    push(
+                        q,
+                        at,
+                        Ev::Request {
+                            node: server,
+                            to: node,
+                            what,
+                        },
+                    );
+                }
+            };
+            match a {
+                XAction::Push { step, shard, to } => {
+                    request(&mut queue, &mut rng, &nodes, to, What::Push { step, shard })
+                }
+                XAction::Announce { step } => {
+                    let m = &mut nodes[node as usize].steps;
+                    m.on_local(d, &announce(step, node));
+                    let _ = m.on_payload(d, hash_of(step, node));
+                    for j in (0..n).filter(|&j| j != node) {
+                        let at = now + link(&nodes, node, j);
+                        push(
+                            &mut queue,
+                            at,
+                            Ev::Announce {
+                                node: j,
+                                from: node,
+                                step,
+                            },
+                        );
+                    }
+                }
+                XAction::FetchSlice {
+                    step,
+                    shard,
+                    member,
+                    from,
+                } => request(
+                    &mut queue,
+                    &mut rng,
+                    &nodes,
+                    from,
+                    What::Slice {
+                        step,
+                        shard,
+                        member,
+                    },
+                ),
+                XAction::PublishSum { step, shard } => {
+                    published.insert((step, shard, node));
+                    sums.push((step, shard));
+                }
+                XAction::FetchSum { step, shard, from } => request(
+                    &mut queue,
+                    &mut rng,
+                    &nodes,
+                    from,
+                    What::Sum { step, shard },
+                ),
+                XAction::Recompute { step, shard, from } => {
+                    nodes[node as usize].recomputes += 1;
+                    if from == node {
+                        nodes[node as usize].ex.on_recomputed(step, shard, TRUE_SUM);
+                    } else {
+                        request(
+                            &mut queue,
+                            &mut rng,
+                            &nodes,
+                            from,
+                            What::Slices { step, shard },
+                        )
+                    }
+                }
+                XAction::Convict { .. } => convictions += 1,
+                XAction::Apply { step } => {
+                    nodes[node as usize].ready.insert(step);
+                }
+                XAction::Rewind { step } => {
+                    nodes[node as usize].ready.remove(&step);
+                }
+            }
+        }
+        // Sum hashes are gossiped, one message per step from each aggregator's poll.
+        let mut by_step: std::collections::BTreeMap<u32, Vec<u32>> = Default::default();
+        for (step, shard) in sums {
+            by_step.entry(step).or_default().push(shard);
+        }
+        for (step, shards) in by_step {
+            for j in 0..n {
+                let at = if j == node {
+                    now
+                } else {
+                    now + link(&nodes, node, j)
+                };
+                push(
+                    &mut queue,
+                    at,
+                    Ev::SumHashes {
+                        node: j,
+                        from: node,
+                        step,
+                        shards: shards.clone(),
+                    },
+                );
+            }
+        }
+        // The node's trainer: apply in order, compute one step ahead.
+        let me = &mut nodes[node as usize];
+        if !me.busy {
+            if me.ready.first() == Some(&me.applied) {
+                me.ready.pop_first();
+                me.busy = true;
+                push(&mut queue, now + base.apply_secs, Ev::ApplyDone { node });
+            } else if me.next_compute < base.steps && me.next_compute <= me.applied + 1 {
+                let jitter = rng.uniform((-base.step_jitter, base.step_jitter));
+                let c = base.compute_secs * me.speed * (1.0 + jitter);
+                me.compute_total += c;
+                me.busy = true;
+                let step = me.next_compute;
+                me.next_compute += 1;
+                push(&mut queue, now + c, Ev::ComputeDone { node, step });
+            } else if me.applied >= base.steps && me.done_at.is_none() {
+                me.done_at = Some(now);
+                finished += 1;
+            }
+        }
+        let next = [me.steps.next_deadline(d), me.ex.next_deadline()]
+            .into_iter()
+            .flatten()
+            .min();
+        if let Some(deadline) = next {
+            let t = deadline.as_secs_f64().max(now + 1e-6);
+            if me.done_at.is_none() && (t < me.tick_at || me.tick_at <= now) {
+                me.tick_at = t;
+                push(&mut queue, t, Ev::Tick { node });
+            }
+        }
+        if finished == n as usize {
+            break;
+        }
+    }
+    let total = nodes
+        .iter()
+        .map(|x| x.done_at.unwrap_or(now))
+        .fold(0.0, f64::max);
+    let steps = base.steps.max(1) as f64;
+    let per = |f: fn(&Node) -> f64| {
+        let v: Vec<f64> = nodes.iter().map(|x| f(x) / steps).collect();
+        (
+            v.iter().sum::<f64>() / n as f64,
+            v.iter().copied().fold(0.0, f64::max),
+        )
+    };
+    let (up_mean, up_max) = per(|x| x.up_bytes);
+    let (down_mean, down_max) = per(|x| x.down_bytes);
+    ShardedResult {
+        run: SimResult {
+            secs: total,
+            steps: nodes.iter().map(|x| x.applied).min().unwrap_or(0),
+            busy: nodes
+                .iter()
+                .map(|x| x.compute_total / total.max(1e-9))
+                .sum::<f64>()
+                / n as f64,
+            contributors: contributors.0 as f64 / contributors.1.max(1) as f64,
+            applied_contributions: nodes.iter().map(|x| x.contributions as f64).sum::<f64>()
+                / n as f64,
+        },
+        up_mean,
+        up_max,
+        down_mean,
+        down_max,
+        recomputes: nodes.iter().map(|x| x.recomputes as f64).sum::<f64>() / n as f64 / steps,
+        convictions,
+    }
+}
+
+fn step_of(w: &What) -> u32 {
+    match *w {
+        What::Push { step, .. }
+        | What::Slice { step, .. }
+        | What::Sum { step, .. }
+        | What::Slices { step, .. } => step,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::net::step::Timing;
+
+    fn cfg(nodes: u32) -> ShardedConfig {
+        ShardedConfig {
+            base: SimConfig {
+                nodes,
+                steps: 6,
+                compute_secs: 8.0,
+                speed_spread: 0.15,
+                step_jitter: 0.05,
+                apply_secs: 0.25,
+                payload_bytes: 2_340_000,
+                up_mbit: (20.0, 100.0),
+                down_mbit: (100.0, 1000.0),
+                latency_ms: (5.0, 40.0),
+                gossip_bytes: 200 + 36 * nodes as u64,
+                fetch_failure: 0.01,
+                seed: 3,
+                timing: Timing::default(),
+            },
+            redundancy: 2,
+            shards: 0,
+            spots: 1,
+            backups: 4,
+            positions: 18_000_000,
+            sum_bits: 2,
+            timing: exchange::Timing::default(),
+        }
+    }
+
+    #[test]
+    fn every_node_applies_every_step_through_the_aggregators() {
+        let c = cfg(24);
+        let r = simulate_sharded(&c, false);
+        assert_eq!(r.run.steps, 6);
+        assert!(r.run.applied_contributions >= 6.0 * r.run.contributors - 1e-9, "{r:?}");
+        assert_eq!(r.convictions, 0);
+        // One spot check per node per step, and few recomputations beyond.
+        assert!((1.0..2.0).contains(&r.recomputes), "{r:?}");
+    }
+
+    #[test]
+    fn what_a_node_sends_per_step_does_not_grow_with_the_member_count() {
+        let small = simulate_sharded(&cfg(16), false);
+        let large = simulate_sharded(&cfg(96), false);
+        // r pushed payloads, one aggregate served and one spot check: the
+        // same bound at 16 and 96 members (give or take the Merkle paths).
+        for r in [&small, &large] {
+            let c = cfg(16);
+            let bound = 3.0 * c.base.payload_bytes as f64 + c.aggregate_bytes();
+            assert!(r.up_mean < bound * 1.2, "{r:?}");
+            assert!(r.down_mean < bound * 1.2, "{r:?}");
+        }
+        assert!(large.up_mean < small.up_mean * 1.5, "{small:?} {large:?}");
+    }
+
+    #[test]
+    fn a_slower_network_never_makes_training_faster() {
+        let c = cfg(16);
+        let free = simulate_sharded(&c, true);
+        let net = simulate_sharded(&c, false);
+        assert!(net.run.secs >= free.run.secs);
+    }
+
+    #[test]
+    fn simulation_is_repeatable() {
+        let c = cfg(12);
+        assert_eq!(simulate_sharded(&c, false), simulate_sharded(&c, false));
+    }
+}
