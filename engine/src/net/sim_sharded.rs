@@ -182,6 +182,8 @@ struct Node {
     up_bytes: f64,
     down_bytes: f64,
     recomputes: u64,
+    /// The step machine's next deadline when it was last polled.
+    steps_deadline: Option<Duration>,
 }
 
 const TRUE_SUM: Hash = [1; 32];
@@ -242,6 +244,7 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
                 up_bytes: 0.0,
                 down_bytes: 0.0,
                 recomputes: 0,
+                steps_deadline: None,
             }
         })
         .collect();
@@ -308,6 +311,14 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
         now = t as f64 / 1e9;
         let d = Duration::from_secs_f64(now);
         let node = ev.node();
+        let ev_kind = if matches!(
+            ev,
+            Ev::Announce { .. } | Ev::Manifest { .. } | Ev::Tick { .. } | Ev::ApplyDone { .. }
+        ) {
+            Kind::Steps
+        } else {
+            Kind::Data
+        };
         match ev {
             Ev::ComputeDone { step, .. } => {
                 let me = &mut nodes[node as usize];
@@ -456,150 +467,164 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
                 me.ex.forget_before(applied.saturating_sub(4));
             }
         }
-        // Step agreement.
-        for a in nodes[node as usize].steps.poll(d) {
-            match a {
-                Action::Fetch { hash, .. } => {
-                    let _ = nodes[node as usize].steps.on_payload(d, hash);
-                }
-                Action::Publish(m) => {
-                    contributors.0 += m.entries.len() as u64;
-                    contributors.1 += 1;
-                    manifests.push(m);
-                    let idx = manifests.len() - 1;
-                    let g = base.gossip_bytes as f64 / nodes[node as usize].up;
-                    for j in (0..n).filter(|&j| j != node) {
-                        let at = now + link(&nodes, node, j) + g;
-                        push(&mut queue, at, Ev::Manifest { node: j, idx });
-                    }
-                }
-                Action::Apply { manifest, .. } => {
-                    let members: Vec<u32> = manifest.entries.iter().map(|e| e.0).collect();
-                    let me = &mut nodes[node as usize];
-                    me.contributions += members.len() as u64;
-                    if let Some(l) = listed.get_mut(manifest.step as usize) {
-                        *l = members.len();
-                    }
-                    open(me, node, manifest.step);
-                    me.ex.on_manifest(d, manifest.step, &members);
-                }
-                Action::RequestManifest { .. } => {}
-            }
-        }
-        // The data plane.
+        // The step machine only when something concerned it (polling it
+        // after every transfer made 1,000 nodes take minutes); the exchange
+        // after every event, and again while either gives the other work.
+        let mut touch_steps = matches!(ev_kind, Kind::Steps);
         let mut sums: Vec<(u32, u32)> = Vec::new();
-        for a in nodes[node as usize].ex.poll(d) {
-            let mut request = |q: &mut BinaryHeap<Reverse<(u64, u64, Ev)>>,
-                               rng: &mut Rng,
-                               nodes: &[Node],
-                               server: u32,
-                               what: What| {
-                if rng.next() < failure {
-                    let b = bytes(&what, listed[step_of(&what) as usize]);
-                    let wait = base
-                        .timing
-                        .deadline((b as u64).min(super::msg::PART as u64));
-                    push(
-                        q,
-                        now + wait.as_secs_f64(),
-                        Ev::Failed {
-                            node,
-                            from: server,
-                            what,
-                        },
-                    );
-                } else if matches!(what, What::Push { .. }) {
-                    push(
-                        q,
-                        now,
-                        Ev::Request {
-                            node,
-                            to: server,
-                            what,
-                        },
-                    );
-                } else {
-                    let at = now + link(nodes, node, server);
-                    push(
-                        q,
-                        at,
-                        Ev::Request {
-                            node: server,
-                            to: node,
-                            what,
-                        },
-                    );
+        loop {
+            // Step agreement.
+            if touch_steps {
+                touch_steps = false;
+                for a in nodes[node as usize].steps.poll(d) {
+                    match a {
+                        Action::Fetch { hash, .. } => {
+                            let _ = nodes[node as usize].steps.on_payload(d, hash);
+                        }
+                        Action::Publish(m) => {
+                            contributors.0 += m.entries.len() as u64;
+                            contributors.1 += 1;
+                            manifests.push(m);
+                            let idx = manifests.len() - 1;
+                            let g = base.gossip_bytes as f64 / nodes[node as usize].up;
+                            for j in (0..n).filter(|&j| j != node) {
+                                let at = now + link(&nodes, node, j) + g;
+                                push(&mut queue, at, Ev::Manifest { node: j, idx });
+                            }
+                        }
+                        Action::Apply { manifest, .. } => {
+                            let members: Vec<u32> = manifest.entries.iter().map(|e| e.0).collect();
+                            let me = &mut nodes[node as usize];
+                            me.contributions += members.len() as u64;
+                            if let Some(l) = listed.get_mut(manifest.step as usize) {
+                                *l = members.len();
+                            }
+                            open(me, node, manifest.step);
+                            me.ex.on_manifest(d, manifest.step, &members);
+                        }
+                        Action::RequestManifest { .. } => {}
+                    }
                 }
-            };
-            match a {
-                XAction::Push { step, shard, to } => {
-                    request(&mut queue, &mut rng, &nodes, to, What::Push { step, shard })
-                }
-                XAction::Announce { step } => {
-                    let m = &mut nodes[node as usize].steps;
-                    m.on_local(d, &announce(step, node));
-                    let _ = m.on_payload(d, hash_of(step, node));
-                    for j in (0..n).filter(|&j| j != node) {
-                        let at = now + link(&nodes, node, j);
+                nodes[node as usize].steps_deadline = nodes[node as usize].steps.next_deadline(d);
+            }
+            // The data plane.
+            for a in nodes[node as usize].ex.poll(d) {
+                let mut request = |q: &mut BinaryHeap<Reverse<(u64, u64, Ev)>>,
+                                   rng: &mut Rng,
+                                   nodes: &[Node],
+                                   server: u32,
+                                   what: What| {
+                    if rng.next() < failure {
+                        let b = bytes(&what, listed[step_of(&what) as usize]);
+                        let wait = base
+                            .timing
+                            .deadline((b as u64).min(super::msg::PART as u64));
                         push(
-                            &mut queue,
+                            q,
+                            now + wait.as_secs_f64(),
+                            Ev::Failed {
+                                node,
+                                from: server,
+                                what,
+                            },
+                        );
+                    } else if matches!(what, What::Push { .. }) {
+                        push(
+                            q,
+                            now,
+                            Ev::Request {
+                                node,
+                                to: server,
+                                what,
+                            },
+                        );
+                    } else {
+                        let at = now + link(nodes, node, server);
+                        push(
+                            q,
                             at,
-                            Ev::Announce {
-                                node: j,
-                                from: node,
-                                step,
+                            Ev::Request {
+                                node: server,
+                                to: node,
+                                what,
                             },
                         );
                     }
-                }
-                XAction::FetchSlice {
-                    step,
-                    shard,
-                    member,
-                    from,
-                } => request(
-                    &mut queue,
-                    &mut rng,
-                    &nodes,
-                    from,
-                    What::Slice {
+                };
+                match a {
+                    XAction::Push { step, shard, to } => {
+                        request(&mut queue, &mut rng, &nodes, to, What::Push { step, shard })
+                    }
+                    XAction::Announce { step } => {
+                        touch_steps = true;
+                        let m = &mut nodes[node as usize].steps;
+                        m.on_local(d, &announce(step, node));
+                        let _ = m.on_payload(d, hash_of(step, node));
+                        for j in (0..n).filter(|&j| j != node) {
+                            let at = now + link(&nodes, node, j);
+                            push(
+                                &mut queue,
+                                at,
+                                Ev::Announce {
+                                    node: j,
+                                    from: node,
+                                    step,
+                                },
+                            );
+                        }
+                    }
+                    XAction::FetchSlice {
                         step,
                         shard,
                         member,
-                    },
-                ),
-                XAction::PublishSum { step, shard } => {
-                    published.insert((step, shard, node));
-                    sums.push((step, shard));
-                }
-                XAction::FetchSum { step, shard, from } => request(
-                    &mut queue,
-                    &mut rng,
-                    &nodes,
-                    from,
-                    What::Sum { step, shard },
-                ),
-                XAction::Recompute { step, shard, from } => {
-                    nodes[node as usize].recomputes += 1;
-                    if from == node {
-                        nodes[node as usize].ex.on_recomputed(step, shard, TRUE_SUM);
-                    } else {
-                        request(
-                            &mut queue,
-                            &mut rng,
-                            &nodes,
-                            from,
-                            What::Slices { step, shard },
-                        )
+                        from,
+                    } => request(
+                        &mut queue,
+                        &mut rng,
+                        &nodes,
+                        from,
+                        What::Slice {
+                            step,
+                            shard,
+                            member,
+                        },
+                    ),
+                    XAction::PublishSum { step, shard } => {
+                        published.insert((step, shard, node));
+                        sums.push((step, shard));
+                    }
+                    XAction::FetchSum { step, shard, from } => request(
+                        &mut queue,
+                        &mut rng,
+                        &nodes,
+                        from,
+                        What::Sum { step, shard },
+                    ),
+                    XAction::Recompute { step, shard, from } => {
+                        nodes[node as usize].recomputes += 1;
+                        if from == node {
+                            nodes[node as usize].ex.on_recomputed(step, shard, TRUE_SUM);
+                        } else {
+                            request(
+                                &mut queue,
+                                &mut rng,
+                                &nodes,
+                                from,
+                                What::Slices { step, shard },
+                            )
+                        }
+                    }
+                    XAction::Convict { .. } => convictions += 1,
+                    XAction::Apply { step } => {
+                        nodes[node as usize].ready.insert(step);
+                    }
+                    XAction::Rewind { step } => {
+                        nodes[node as usize].ready.remove(&step);
                     }
                 }
-                XAction::Convict { .. } => convictions += 1,
-                XAction::Apply { step } => {
-                    nodes[node as usize].ready.insert(step);
-                }
-                XAction::Rewind { step } => {
-                    nodes[node as usize].ready.remove(&step);
-                }
+            }
+            if !touch_steps {
+                break;
             }
         }
         // Sum hashes are gossiped, one message per step from each aggregator's poll.
@@ -646,7 +671,7 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
                 finished += 1;
             }
         }
-        let next = [me.steps.next_deadline(d), me.ex.next_deadline()]
+        let next = [me.steps_deadline, me.ex.next_deadline()]
             .into_iter()
             .flatten()
             .min();
@@ -697,6 +722,12 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
     }
 }
 
+/// Whether an event concerns the step machine.
+enum Kind {
+    Steps,
+    Data,
+}
+
 fn step_of(w: &What) -> u32 {
     match *w {
         What::Push { step, .. }
@@ -744,7 +775,10 @@ mod tests {
         let c = cfg(24);
         let r = simulate_sharded(&c, false);
         assert_eq!(r.run.steps, 6);
-        assert!(r.run.applied_contributions >= 6.0 * r.run.contributors - 1e-9, "{r:?}");
+        assert!(
+            r.run.applied_contributions >= 6.0 * r.run.contributors - 1e-9,
+            "{r:?}"
+        );
         assert_eq!(r.convictions, 0);
         // One spot check per node per step, and few recomputations beyond.
         assert!((1.0..2.0).contains(&r.recomputes), "{r:?}");
