@@ -21,6 +21,7 @@ pub mod detmath;
 pub mod error;
 pub mod ledger;
 pub mod logs;
+pub mod merkle;
 pub mod model;
 pub mod net;
 pub mod optim;

@@ -139,6 +139,34 @@ pub fn slice(shard: &Shard, layout: &Layout, payload: &Payload) -> Vec<bool> {
     out
 }
 
+/// The leaf that commits to slice `index` of a payload: the shard's
+/// number and its signs, packed 8 to a byte.
+pub fn slice_leaf(index: usize, signs: &[bool]) -> crate::merkle::Hash {
+    let mut bytes = Vec::with_capacity(8 + signs.len().div_ceil(8));
+    bytes.extend_from_slice(&(index as u32).to_le_bytes());
+    bytes.extend_from_slice(&(signs.len() as u32).to_le_bytes());
+    for byte in signs.chunks(8) {
+        bytes.push(
+            byte.iter()
+                .enumerate()
+                .fold(0u8, |b, (i, s)| b | (u8::from(*s) << i)),
+        );
+    }
+    crate::merkle::leaf(&bytes)
+}
+
+/// The root a member signs in its announcement, over its slices of every
+/// shard in order: an aggregator checks the one slice it gets with
+/// [`crate::merkle::verify`] and its path, without the rest of the payload.
+pub fn commit(slices: &[Vec<bool>]) -> crate::merkle::Hash {
+    let leaves: Vec<_> = slices
+        .iter()
+        .enumerate()
+        .map(|(i, s)| slice_leaf(i, s))
+        .collect();
+    crate::merkle::root(&leaves)
+}
+
 /// The integer vote sum per position of one shard over weighted slices:
 /// what its aggregators publish. Integers, so every honest aggregator
 /// publishes the same sums in any order.
@@ -342,6 +370,42 @@ mod tests {
                 aggregate(&l, &whole, d),
                 "{d:?}"
             );
+        }
+    }
+
+    #[test]
+    fn each_slice_checks_alone_against_the_signed_root_and_a_flipped_sign_does_not() {
+        let layout = layout();
+        let shards = split(&layout, 5).unwrap();
+        let p = &payloads(&layout, 1, Draw(11))[0];
+        let slices: Vec<Vec<bool>> = shards.iter().map(|s| slice(s, &layout, p)).collect();
+        let root = commit(&slices);
+        let leaves: Vec<_> = slices
+            .iter()
+            .enumerate()
+            .map(|(i, s)| slice_leaf(i, s))
+            .collect();
+        for (i, s) in slices.iter().enumerate() {
+            let path = crate::merkle::path(&leaves, i);
+            assert!(crate::merkle::verify(&root, 5, i, &slice_leaf(i, s), &path));
+            let mut flipped = s.clone();
+            flipped[s.len() / 2] ^= true;
+            assert!(!crate::merkle::verify(
+                &root,
+                5,
+                i,
+                &slice_leaf(i, &flipped),
+                &path
+            ));
+            // Nor does a slice pass as another shard's.
+            let j = (i + 1) % 5;
+            assert!(!crate::merkle::verify(
+                &root,
+                5,
+                j,
+                &slice_leaf(j, s),
+                &path
+            ));
         }
     }
 
