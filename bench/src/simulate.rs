@@ -290,13 +290,18 @@ fn sharded(
     let redundancy: usize = a.get("redundancy", 2)?;
     let spots: usize = a.get("spots", 1)?;
     let backups: usize = a.get("backups", 4)?;
-    let steps: u32 = a.get("sharded-steps", 4)?;
+    // As many steps as the all-to-all run of the same deployment, unless
+    // `--sharded-steps` says otherwise.
+    let steps_override: Option<u32> = match a.get("sharded-steps", 0u32)? {
+        0 => None,
+        n => Some(n),
+    };
     if redundancy == 0 {
         anyhow::bail!("--redundancy 0: every shard needs at least one aggregator");
     }
     let timing = exchange::Timing::default();
     md.push_str(&format!(
-        "\n### The sharded exchange (a design: the node does not run it yet)\n\n`net::exchange` is the data plane of issue 18's sharded exchange as a pure state machine (`net::sim_sharded` drives it with the real step machine in virtual time; unit tests cover liars, silent and colluding aggregators). One shard per member; each shard has {redundancy} aggregators drawn per step; a member pushes each aggregator its slice (signs, a Merkle path, a 100-byte envelope) and announces once every shard holds it somewhere; an aggregator sums the listed slices and gossips the signed hash; every node downloads each shard's sum once and takes it when the seats agree (or the rest are silent {:.0} s after the first); each node also recomputes {spots} shard(s) a step from their slices, and about {backups} nodes recompute a shard whose seat is silent. A sum is either the exact integer vote count (what `shard::sum` builds and `shard::check` proves wrong: ⌈log2(2·members+1)⌉ bits a position) or only its sign (2 bits: a different update rule, since the recipe's decoder takes signs after the inverse DCT of the summed votes, not before; its convergence is not measured). Same links, compute, failure rate, deadlines and seed as above; {steps} steps; the baseline is the same design with no network cost. Upload and download are per node per step, in payloads ({}).\n\n| nodes | sum | aggregate | s/step free | s/step links | contributors (free) | contributed-token efficiency | upload mean (max) | download mean (max) | recomputations per node-step |\n|---|---|---|---|---|---|---|---|---|---|\n",
+        "\n### The sharded exchange (a design: the node does not run it yet)\n\n`net::exchange` is the data plane of issue 18's sharded exchange as a pure state machine (`net::sim_sharded` drives it with the real step machine in virtual time; unit tests cover liars, silent and colluding aggregators). One shard per member; each shard has {redundancy} aggregators drawn per step; a member pushes each aggregator its slice (signs, a Merkle path, a 100-byte envelope) and announces once every shard holds it somewhere; an aggregator sums the listed slices and gossips the signed hash; every node downloads each shard's sum once and takes it when the seats agree (or the rest are silent {:.0} s after the first); each node also recomputes {spots} shard(s) a step from their slices, and about {backups} nodes recompute a shard whose seat is silent. A sum is either the exact integer vote count (what `shard::sum` builds and `shard::check` proves wrong: ⌈log2(2·members+1)⌉ bits a position) or only its sign (2 bits: a different update rule, since the recipe's decoder takes signs after the inverse DCT of the summed votes, not before; its convergence is not measured). Same links, compute, failure rate, deadlines, seed and number of steps as the all-to-all run of the same deployment above; the baseline is the same design with no network cost. Upload and download are per node per step, in payloads ({}).\n\n| nodes | steps | sum | aggregate | s/step free | s/step links | contributors (free) | contributed-token efficiency | upload mean (max) | download mean (max) | recomputations per node-step |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
         timing.agree.as_secs_f64(),
         fmt_bytes(bases.first().map_or(0.0, |b| b.payload_bytes as f64)),
     ));
@@ -305,6 +310,7 @@ fn sharded(
     );
     for base in bases {
         let nodes = base.nodes;
+        let steps = steps_override.unwrap_or(base.steps);
         let full = (2.0 * nodes as f64 + 1.0).log2().ceil() as u32;
         for (sum, bits) in [("integer", full), ("sign", 2)] {
             let cfg = ShardedConfig {
@@ -326,7 +332,7 @@ fn sharded(
             let eff = net.run.contributed_efficiency(&free.run);
             let pay = base.payload_bytes as f64;
             let line = format!(
-                "| {nodes} | {sum} ({bits} bits) | {:.2} | {:.2} | {:.2} | {:.1} ({:.1}) | {eff:.3} | {:.2} ({:.2}) | {:.2} ({:.2}) | {:.2} |",
+                "| {nodes} | {steps} | {sum} ({bits} bits) | {:.2} | {:.2} | {:.2} | {:.1} ({:.1}) | {eff:.3} | {:.2} ({:.2}) | {:.2} ({:.2}) | {:.2} |",
                 cfg.aggregate_bytes() / pay,
                 free.run.secs / steps as f64,
                 net.run.secs / steps as f64,
@@ -346,7 +352,11 @@ fn sharded(
             md.push('\n');
             let key = format!("sharded{nodes}_{sum}");
             f.num(&format!("{key}_sum_bits"), bits as f64)
-                .num(&format!("{key}_aggregate_payloads"), cfg.aggregate_bytes() / pay)
+                .num(
+                    &format!("{key}_aggregate_payloads"),
+                    cfg.aggregate_bytes() / pay,
+                )
+                .num(&format!("{key}_steps"), steps as f64)
                 .num(
                     &format!("{key}_secs_per_step_free"),
                     free.run.secs / steps as f64,
@@ -372,7 +382,10 @@ fn sharded(
     f.num("sharded_redundancy", redundancy as f64)
         .num("sharded_spots", spots as f64)
         .num("sharded_backups", backups as f64)
-        .num("sharded_steps", steps as f64);
+        .num(
+            "sharded_steps_override",
+            steps_override.map_or(0.0, |s| s as f64),
+        );
     md.push_str(&format!(
         "\nHow to read it: *contributed-token efficiency* compares the design with itself on a free network and counts contributions applied per second, so a slower step that lists more members can score as well as a fast one that lists fewer: read it with the step times. *Contributors (free)* shows the step machine's {:.0} s collect window at work: with compute ({compute_secs:.1} s) spreading by ±15%, even a free network lists only part of the members, in this design and in the all-to-all baseline above alike. Traffic counts every byte a node sends or receives per applied step, in payloads; the issue's bound is about three payloads plus one aggregate (the *aggregate* column): {redundancy} pushes, one spot check, and the sums served and received. Recomputations beyond the spot checks are backups for seats still silent {:.0} s after their partner signed. Not built: the node's messages for it, screening on the aggregators, and a job choosing between the exchanges by member count.\n",
         bases.first().map_or(0.0, |b| b.timing.collect.as_secs_f64()),
