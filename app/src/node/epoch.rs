@@ -3,7 +3,7 @@
 //! for the operator (points credited, words shown, fraud votes sent).
 
 use super::OperatorConfig;
-use super::local::{Local, credit};
+use super::local::Local;
 use super::report::{OperatorEvent, Report, StepProgress, say};
 use crate::chain::Chain;
 use crate::fraud;
@@ -93,7 +93,6 @@ impl EpochRun<'_> {
             mdns: false,
             min_peers: 0,
             epoch_start: Some(e * spe),
-            backfill_from: Some(e * spe),
             pause: o.pause.clone(),
             release_memory_when_paused: o.release_memory_when_paused,
             defence: Defence {
@@ -158,12 +157,13 @@ impl EpochRun<'_> {
                             step,
                             model_hash,
                             contributors,
+                            credits,
                             loss,
                             times,
                         } => {
                             last_hash = Some(*model_hash);
                             last_loss = *loss;
-                            if credit(local, members, *step, contributors)
+                            if local.credit(e, members, credits)
                                 && let Err(err) = local.save(self.dir)
                             {
                                 failure.get_or_insert(err);
@@ -181,21 +181,16 @@ impl EpochRun<'_> {
                                 }),
                             );
                         }
-                        NodeEvent::Backfilled { step, contributors }
-                            if !local.contributors.contains_key(step)
-                                && credit(local, members, *step, contributors) =>
+                        // A loaded state (a restart's download, a rewind)
+                        // brings the epoch's credits as every member on
+                        // this history has them, the steps this node did
+                        // not apply itself included.
+                        NodeEvent::Synced { credits, .. } | NodeEvent::Rewound { credits, .. }
+                            if local.credit(e, members, credits) =>
                         {
                             if let Err(err) = local.save(self.dir) {
                                 failure.get_or_insert(err);
                             }
-                            say(
-                                report,
-                                &pk,
-                                format!(
-                                    "step {step} happened while away: credited its {} contributors",
-                                    contributors.len()
-                                ),
-                            );
                         }
                         NodeEvent::Links(l) => report(&pk, OperatorEvent::Links(l)),
                         NodeEvent::Diverged { step } => {
@@ -293,8 +288,8 @@ impl EpochRun<'_> {
 /// The words an operator sees for an engine event, when it has any.
 pub(super) fn describe(ev: &NodeEvent) -> Option<String> {
     Some(match ev {
-        NodeEvent::Rewound { step } => {
-            format!("a better manifest for step {step} turned up: applying again from there")
+        NodeEvent::Rewound { step, .. } => {
+            format!("a better manifest turned up: applying again from step {step}")
         }
         NodeEvent::ForgedEntry {
             step,
@@ -350,7 +345,8 @@ mod tests {
         assert_eq!(
             describe(&NodeEvent::Synced {
                 step: 3,
-                resumed: false
+                resumed: false,
+                credits: vec![3, 3],
             }),
             None
         );

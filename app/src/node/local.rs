@@ -1,6 +1,6 @@
-//! The node's own record of a job, saved after every applied step: the
-//! contributors it credited, its points table per epoch and its model
-//! hashes, so a restarted node picks up where it was.
+//! The node's own record of a job, saved after every applied step: its
+//! points table, the table each epoch ended with and its model hashes, so
+//! a restarted node picks up where it was.
 
 use anyhow::{Context, Result, anyhow, bail};
 use cohort_engine::ledger::ContributionLedger;
@@ -13,11 +13,10 @@ use std::str::FromStr;
 /// The node's own record for one job, saved after every applied step.
 #[derive(Debug, Default, Serialize, Deserialize)]
 pub(super) struct Local {
-    /// Each credited step's contributors (member indices), applied here or
-    /// backfilled. A step applied again after a rewind replaces its entry.
-    pub(super) contributors: BTreeMap<u32, Vec<u32>>,
     /// Epochs fully trained.
     pub(super) trained: u32,
+    /// Every member's points so far: the table the last epoch before this
+    /// one ended with, plus this epoch's credits in the shared state.
     pub(super) points: BTreeMap<String, u64>,
     /// The points table as each epoch ended: what that epoch's witnesses
     /// attested, so a claim mid-job proves against the latest root.
@@ -32,18 +31,37 @@ pub(super) struct Local {
 impl Local {
     /// Forgets epoch `e`'s contributions: it was skipped, so the points
     /// table goes back to what the last epoch before it ended with.
-    pub(super) fn drop_epoch(&mut self, e: u32, steps_per_epoch: u32) {
-        let from = e.saturating_mul(steps_per_epoch);
-        let to = from.saturating_add(steps_per_epoch);
-        self.contributors.retain(|s, _| !(from..to).contains(s));
+    pub(super) fn drop_epoch(&mut self, e: u32) {
         self.settled.remove(&e);
-        self.points = self
-            .settled
+        self.points = self.before(e);
+        self.skipped.insert(e);
+    }
+
+    /// The points table the last settled epoch before `e` ended with.
+    fn before(&self, e: u32) -> BTreeMap<String, u64> {
+        self.settled
             .range(..e)
             .next_back()
             .map(|(_, t)| t.clone())
-            .unwrap_or_default();
-        self.skipped.insert(e);
+            .unwrap_or_default()
+    }
+
+    /// Takes epoch `e`'s credits as the shared state has them after a step
+    /// (`credits[i]`: steps that credited `members[i]`); whether the points
+    /// changed. The engine reports them after every step it applies and
+    /// every state it loads, so a rewind, a restart or a download replaces
+    /// whatever an abandoned history credited: the table always equals the
+    /// one every member on this history attests.
+    pub(super) fn credit(&mut self, e: u32, members: &[Pubkey], credits: &[u32]) -> bool {
+        let mut points = self.before(e);
+        for (m, c) in members.iter().zip(credits) {
+            if *c > 0 {
+                *points.entry(m.to_string()).or_insert(0) += u64::from(*c);
+            }
+        }
+        let changed = points != self.points;
+        self.points = points;
+        changed
     }
 
     fn path(dir: &Path) -> PathBuf {
@@ -79,33 +97,6 @@ pub(super) fn ledger_of(points: &BTreeMap<String, u64>) -> Result<ContributionLe
     Ok(l)
 }
 
-/// Records `step`'s contributors and moves points to match; whether
-/// anything changed.
-pub(super) fn credit(
-    local: &mut Local,
-    members: &[Pubkey],
-    step: u32,
-    contributors: &[u32],
-) -> bool {
-    if local.contributors.get(&step).map(Vec::as_slice) == Some(contributors) {
-        return false;
-    }
-    let old = local.contributors.insert(step, contributors.to_vec());
-    let mut tally = |c: &u32, up: bool| {
-        if let Some(m) = members.get(*c as usize) {
-            let p = local.points.entry(m.to_string()).or_insert(0);
-            *p = if up { *p + 1 } else { p.saturating_sub(1) };
-        }
-    };
-    for c in old.iter().flatten() {
-        tally(c, false);
-    }
-    for c in contributors {
-        tally(c, true);
-    }
-    true
-}
-
 pub(super) fn hex(h: &[u8; 32]) -> String {
     h.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -120,4 +111,48 @@ pub(super) fn parse_hex(s: &str) -> Result<[u8; 32]> {
             .map_err(|_| anyhow!("bad hash in local state"))?;
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn points(local: &Local, members: &[Pubkey]) -> Vec<u64> {
+        members
+            .iter()
+            .map(|m| local.points.get(&m.to_string()).copied().unwrap_or(0))
+            .collect()
+    }
+
+    #[test]
+    fn a_state_loaded_after_a_rewind_replaces_what_an_abandoned_history_credited() {
+        let members: Vec<Pubkey> = (0..3).map(|_| Pubkey::new_unique()).collect();
+        let mut local = Local::default();
+        assert!(local.credit(0, &members, &[2, 2, 2]));
+        local.settled.insert(0, local.points.clone());
+        // Epoch 1: this node applied two steps of a history that left
+        // member 2 out, then loaded the state every other member has, in
+        // which both steps credited all three (as in the clean-clone CI run
+        // of 2026-12-05, where the node attested 69 points and the others 72).
+        assert!(local.credit(1, &members, &[2, 2, 0]));
+        assert_eq!(points(&local, &members), [4, 4, 2]);
+        assert!(local.credit(1, &members, &[2, 2, 2]));
+        assert_eq!(points(&local, &members), [4, 4, 4]);
+        // The same credits again change nothing, so nothing is saved.
+        assert!(!local.credit(1, &members, &[2, 2, 2]));
+    }
+
+    #[test]
+    fn a_skipped_epoch_drops_its_points_and_the_next_counts_from_the_last_settled_one() {
+        let members: Vec<Pubkey> = (0..2).map(|_| Pubkey::new_unique()).collect();
+        let mut local = Local::default();
+        local.credit(0, &members, &[3, 1]);
+        local.settled.insert(0, local.points.clone());
+        local.credit(1, &members, &[2, 2]);
+        local.settled.insert(1, local.points.clone());
+        local.drop_epoch(1);
+        assert_eq!(points(&local, &members), [3, 1]);
+        local.credit(2, &members, &[1, 0]);
+        assert_eq!(points(&local, &members), [4, 1]);
+    }
 }

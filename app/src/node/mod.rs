@@ -423,7 +423,7 @@ async fn epochs(
                 .await?
                 .is_some_and(|ep| ep.skipped)
         {
-            local.drop_epoch(e, j.spec.steps_per_epoch);
+            local.drop_epoch(e);
             local.save(dir)?;
             say(
                 report,

@@ -185,8 +185,8 @@ fn a_node_killed_mid_epoch_restarts_catches_up_and_is_paid_in_full() {
         done.push(n.wait_for("done:", Duration::from_secs(300)));
     }
     // However long it was away, its points table matched the attested one
-    // (steps it missed are backfilled from peers' manifests), so its claim
-    // went through with everyone else's.
+    // (the credits of steps it missed come with the state it downloads),
+    // so its claim went through with everyone else's.
     let (_, claimed) = same_models_all_paid(&done);
     let status = ok(&cohort(&h, &["job", "status", &job, "--url", &url]));
     assert!(field(&status, "state").contains("Completed"), "{status}");

@@ -121,12 +121,6 @@ pub struct NodeConfig {
     /// own copies at once; syncing from peers would deadlock, since every
     /// one of them would be waiting for another.
     pub epoch_start: Option<u32>,
-    /// After syncing to a peer's state at step s, fetch the signed
-    /// manifests of steps `backfill_from..s` (kept by peers for the whole
-    /// epoch) and report their contributors as [`NodeEvent::Backfilled`]:
-    /// a restarted member learns who contributed while it was away, so its
-    /// points table still matches the one witnesses attest.
-    pub backfill_from: Option<u32>,
     /// While set, this member computes no gradients (its owner wants the
     /// device back) but keeps applying every step, so it stays in sync and
     /// can resume at once. Steps it skipped earn it nothing.
@@ -158,6 +152,14 @@ impl NodeConfig {
     }
 }
 
+/// How many of this epoch's applied steps credited each member (by member
+/// index): what the member's points grow by, and what the epoch's witnesses
+/// attest. Part of the shared state, so its hash covers it and a node that
+/// loads a state (a rewind past its kept states, a restart, a late join)
+/// takes the credits of the steps it did not apply itself from the state
+/// every other member has, instead of keeping those of a history it left.
+pub type Credits = Vec<u32>;
+
 /// Where each step's time went on this node.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct StepTimes {
@@ -171,22 +173,22 @@ pub struct StepTimes {
 #[derive(Debug, Clone)]
 pub enum NodeEvent {
     Listening(Multiaddr),
-    /// Downloaded and verified the shared state at `step` from a peer.
+    /// Downloaded and verified the shared state at `step` from a peer;
+    /// `credits` are the epoch's so far, as every member has them.
     Synced {
         step: u32,
         resumed: bool,
+        credits: Credits,
     },
     Applied {
         step: u32,
         model_hash: [u8; 32],
+        /// The members this step credits: their contributions were applied.
         contributors: Vec<u32>,
+        /// The epoch's credits after this step, by member index.
+        credits: Credits,
         times: StepTimes,
         loss: f32,
-    },
-    /// A step applied while this node was away: its manifest's contributors.
-    Backfilled {
-        step: u32,
-        contributors: Vec<u32>,
     },
     /// More distinct leaders with the same history than could be faulty
     /// published state hashes this node does not have: the same manifests
@@ -218,11 +220,15 @@ pub enum NodeEvent {
         leader: u32,
         member: u32,
     },
-    /// A better manifest for `step` turned up after this node applied
-    /// another one: it went back to its state before `step` and applies
-    /// again from there.
+    /// A better manifest turned up for a step this node had applied
+    /// another one for: it went back to the state before that step (its
+    /// own kept copy, or past those the latest state the others have, which
+    /// is `step`'s) and applies again from `step`.
     Rewound {
         step: u32,
+        /// The epoch's credits in the state it went back to: they replace
+        /// whatever the abandoned history credited.
+        credits: Credits,
     },
     /// What this node sees of each other member's link, every 2 s.
     Links(Vec<PeerLink>),

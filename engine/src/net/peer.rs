@@ -38,7 +38,6 @@ pub const USAGE: &str = "usage: cohort-peer --index I --members N [options]
   --silent-ms MS      a live leader silent this long is replaced [10000]
   --request-ms MS     request deadline before size is counted [5000]
   --min-peers K       peers to wait for before starting        [all]
-  --backfill-from S   after a sync, report contributors of the steps missed since S
   --backend B         auto|cpu|wgpu|cuda                      [cpu]
   --witnesses LIST    members that audit and whose accusations count, e.g. 0,1,2
   --quorum Q          accusations that slash a member          [2]
@@ -160,7 +159,6 @@ fn parse(args: &[String]) -> Result<(NodeConfig, BackendChoice), String> {
     let mut topk = None;
     let mut select = None;
     let mut spill_above = node::SPILL_ABOVE;
-    let mut backfill_from = None;
     let mut backend = BackendChoice::Cpu;
     let mut defence = node::Defence::default();
     let mut it = args.iter();
@@ -202,7 +200,6 @@ fn parse(args: &[String]) -> Result<(NodeConfig, BackendChoice), String> {
             "--silent-ms" => timing.silent = Duration::from_millis(num(flag, value()?)?),
             "--request-ms" => timing.request = Duration::from_millis(num(flag, value()?)?),
             "--min-peers" => min_peers = num(flag, value()?)?,
-            "--backfill-from" => backfill_from = Some(num(flag, value()?)?),
             "--backend" => backend = value()?.parse().map_err(|e| format!("--backend: {e}"))?,
             "--witnesses" => {
                 defence.witnesses = value()?
@@ -289,9 +286,8 @@ fn parse(args: &[String]) -> Result<(NodeConfig, BackendChoice), String> {
             timing,
             mdns,
             min_peers,
-            // One run is one epoch: peers keep its manifests for backfills.
+            // One run is one epoch.
             epoch_start: Some(0),
-            backfill_from,
             pause: Default::default(),
             release_memory_when_paused: false,
             defence,
@@ -323,27 +319,33 @@ fn peak_rss_kib() -> i64 {
 fn event_json(e: &NodeEvent) -> Option<String> {
     Some(match e {
         NodeEvent::Listening(a) => format!(r#"{{"event":"listening","addr":"{a}"}}"#),
-        NodeEvent::Synced { step, resumed } => {
-            format!(r#"{{"event":"synced","step":{step},"resumed":{resumed}}}"#)
+        NodeEvent::Synced {
+            step,
+            resumed,
+            credits,
+        } => {
+            format!(
+                r#"{{"event":"synced","step":{step},"resumed":{resumed},"credits":{credits:?}}}"#
+            )
         }
         NodeEvent::Applied {
             step,
             model_hash,
             contributors,
+            credits,
             times,
             loss,
         } => format!(
-            r#"{{"event":"applied","step":{step},"hash":"{}","contributors":{contributors:?},"compute":{:.6},"comm":{:.6},"wait":{:.6},"loss":{loss:.5}}}"#,
+            r#"{{"event":"applied","step":{step},"hash":"{}","contributors":{contributors:?},"credits":{credits:?},"compute":{:.6},"comm":{:.6},"wait":{:.6},"loss":{loss:.5}}}"#,
             hex(model_hash),
             times.compute,
             times.comm,
             times.wait
         ),
-        NodeEvent::Backfilled { step, contributors } => {
-            format!(r#"{{"event":"backfilled","step":{step},"contributors":{contributors:?}}}"#)
-        }
         NodeEvent::Diverged { step } => format!(r#"{{"event":"diverged","step":{step}}}"#),
-        NodeEvent::Rewound { step } => format!(r#"{{"event":"rewound","step":{step}}}"#),
+        NodeEvent::Rewound { step, credits } => {
+            format!(r#"{{"event":"rewound","step":{step},"credits":{credits:?}}}"#)
+        }
         NodeEvent::ForgedEntry {
             step,
             leader,

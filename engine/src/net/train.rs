@@ -1,7 +1,7 @@
 //! The training thread: computes step t+1 while step t is exchanged, applies
 //! manifests the network task hands it, and runs this witness's audits.
 
-use super::events::{AuditReport, NodeConfig, NodeEvent, StepTimes};
+use super::events::{AuditReport, Credits, NodeConfig, NodeEvent, StepTimes};
 use super::guard::{Guard, Revealed, Target};
 use super::msg::{self, Announce, Manifest};
 use crate::adversary::{self, Attack, Mode};
@@ -101,6 +101,7 @@ pub(crate) enum FromTrainer {
     Synced {
         step: u32,
         resumed: bool,
+        credits: Credits,
     },
     Done {
         model_hash: [u8; 32],
@@ -116,23 +117,29 @@ pub(crate) fn now_us() -> u64 {
 }
 
 /// The shared state as hashed in manifests and sent to joiners: the
-/// trainer's snapshot, then the payload hashes of the last steps (what the
-/// screen compares new payloads with), so a node that syncs screens each
-/// later step exactly as the others do, then the hash of the state the
-/// contributions of the next step were computed on ([`Basis`]).
+/// trainer's snapshot, then the hash of the state the contributions of the
+/// next step were computed on ([`Basis`]), then the epoch's [`Credits`],
+/// then the payload hashes of the last steps (what the screen compares new
+/// payloads with), so a node that syncs screens each later step exactly as
+/// the others do and credits exactly the members they credit.
 /// Bytes [`encode_state`] adds after the trainer's snapshot: reserved up
 /// front, so a model-sized state is never copied to grow by a few bytes.
-fn trailer_len(recent: &BTreeMap<u32, Vec<[u8; 32]>>) -> usize {
-    32 + recent.values().map(|h| 8 + 32 * h.len()).sum::<usize>() + 4
+fn trailer_len(recent: &Recent, credits: &Credits) -> usize {
+    32 + 4 + 4 * credits.len() + recent.values().map(|h| 8 + 32 * h.len()).sum::<usize>() + 4
 }
 
 fn encode_state(
     mut trainer_snapshot: Vec<u8>,
-    recent: &BTreeMap<u32, Vec<[u8; 32]>>,
+    recent: &Recent,
     basis: &Basis,
+    credits: &Credits,
 ) -> Vec<u8> {
     let start = trainer_snapshot.len();
     trainer_snapshot.extend_from_slice(&basis.previous);
+    trainer_snapshot.extend_from_slice(&(credits.len() as u32).to_le_bytes());
+    for c in credits {
+        trainer_snapshot.extend_from_slice(&c.to_le_bytes());
+    }
     for (step, hashes) in recent {
         trainer_snapshot.extend_from_slice(&step.to_le_bytes());
         trainer_snapshot.extend_from_slice(&(hashes.len() as u32).to_le_bytes());
@@ -147,7 +154,15 @@ fn encode_state(
 
 pub(crate) type Recent = BTreeMap<u32, Vec<[u8; 32]>>;
 
-pub(crate) fn decode_state(buf: &[u8]) -> Result<(&[u8], Recent, Basis), String> {
+/// A decoded shared state: the trainer's snapshot and the trailer.
+pub(crate) struct SharedState<'a> {
+    pub(crate) snapshot: &'a [u8],
+    pub(crate) recent: Recent,
+    pub(crate) basis: Basis,
+    pub(crate) credits: Credits,
+}
+
+pub(crate) fn decode_state(buf: &[u8]) -> Result<SharedState<'_>, String> {
     let bad = || "malformed shared state".to_string();
     let n = buf.len().checked_sub(4).ok_or_else(bad)?;
     let trailer = u32::from_le_bytes(buf[n..].try_into().map_err(|_| bad())?) as usize;
@@ -156,6 +171,14 @@ pub(crate) fn decode_state(buf: &[u8]) -> Result<(&[u8], Recent, Basis), String>
     let basis = Basis {
         previous: r.array().map_err(|_| bad())?,
     };
+    let members = r.u32().map_err(|_| bad())? as usize;
+    if members > r.remaining() / 4 {
+        return Err(bad());
+    }
+    let credits = (0..members)
+        .map(|_| r.u32())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|_| bad())?;
     let mut recent = BTreeMap::new();
     while r.remaining() > 0 {
         let step = r.u32().map_err(|_| bad())?;
@@ -169,7 +192,12 @@ pub(crate) fn decode_state(buf: &[u8]) -> Result<(&[u8], Recent, Basis), String>
             .map_err(|_| bad())?;
         recent.insert(step, hashes);
     }
-    Ok((&buf[..start], recent, basis))
+    Ok(SharedState {
+        snapshot: &buf[..start],
+        recent,
+        basis,
+        credits,
+    })
 }
 
 /// Which shared state a step's contributions must have been computed on.
@@ -308,16 +336,27 @@ pub(crate) fn train_loop(
     })?;
     let syncing = cfg.join || resumed;
     let mut generation = 0;
-    // Loads a shared state (trainer snapshot, the screen's memory, and the
-    // basis of the contributions applied next).
+    // Loads a shared state (trainer snapshot, the screen's memory, the
+    // basis of the contributions applied next, and the epoch's credits).
     let load_state = |trainer: &mut Trainer, guard: &mut Guard, bytes: &[u8]| {
-        let (snapshot, recent, basis) = decode_state(bytes)?;
-        trainer.load_snapshot(snapshot).map_err(|e| e.to_string())?;
-        guard.recent = recent;
+        let state = decode_state(bytes)?;
+        if state.credits.len() != cfg.members.len() {
+            return Err(format!(
+                "a shared state credits {} members, this job has {}",
+                state.credits.len(),
+                cfg.members.len()
+            ));
+        }
+        trainer
+            .load_snapshot(state.snapshot)
+            .map_err(|e| e.to_string())?;
+        guard.recent = state.recent;
         guard.remember(trainer);
-        Ok::<Basis, String>(basis)
+        Ok::<(Basis, Credits), String>((state.basis, state.credits))
     };
     let mut basis = Basis::default();
+    // A fresh start is the epoch's first step: nobody credited yet.
+    let mut credits: Credits = vec![0; cfg.members.len()];
     loop {
         match rx.recv().map_err(|_| "network task gone".to_string())? {
             ToTrainer::Start => {
@@ -328,11 +367,12 @@ pub(crate) fn train_loop(
                 bytes,
                 generation: g,
             } if syncing => {
-                basis = load_state(&mut trainer, &mut guard, &bytes)?;
+                (basis, credits) = load_state(&mut trainer, &mut guard, &bytes)?;
                 generation = g;
                 send(FromTrainer::Synced {
                     step: trainer.step(),
                     resumed,
+                    credits: credits.clone(),
                 })?;
                 break;
             }
@@ -340,19 +380,20 @@ pub(crate) fn train_loop(
         }
     }
     guard.remember(&trainer);
-    let publish_state = |t: &Trainer, guard: &Guard, basis: &Basis| {
-        let room = trailer_len(&guard.recent);
+    let publish_state = |t: &Trainer, guard: &Guard, basis: &Basis, credits: &Credits| {
+        let room = trailer_len(&guard.recent, credits);
         let snapshot = Arc::new(encode_state(
             t.snapshot_with_room(room),
             &guard.recent,
             basis,
+            credits,
         ));
         let state_hash = *blake3::hash(&snapshot).as_bytes();
         (state_hash, snapshot)
     };
     // The state hash of the current weights, kept so each step encodes and
     // hashes the full state once (it is checked against the next manifest).
-    let (mut current_hash, snap) = publish_state(&trainer, &guard, &basis);
+    let (mut current_hash, snap) = publish_state(&trainer, &guard, &basis, &credits);
     send(FromTrainer::Applied {
         step: trainer.step(),
         state_hash: current_hash,
@@ -360,6 +401,7 @@ pub(crate) fn train_loop(
         event: NodeEvent::Synced {
             step: trainer.step(),
             resumed,
+            credits: credits.clone(),
         },
         generation,
     })?;
@@ -381,20 +423,21 @@ pub(crate) fn train_loop(
                 bytes: &[u8],
                 generation: u64,
                 next_compute: &mut u32|
-     -> Result<([u8; 32], Basis), String> {
-        let basis = load_state(trainer, guard, bytes)?;
+     -> Result<([u8; 32], Basis, Credits), String> {
+        let (basis, credits) = load_state(trainer, guard, bytes)?;
         *next_compute = (*next_compute).max(trainer.step() + 1);
-        let (hash, snapshot) = publish_state(trainer, guard, &basis);
+        let (hash, snapshot) = publish_state(trainer, guard, &basis, &credits);
         send(FromTrainer::Applied {
             step: trainer.step(),
             state_hash: hash,
             snapshot,
             event: NodeEvent::Rewound {
                 step: trainer.step(),
+                credits: credits.clone(),
             },
             generation,
         })?;
-        Ok((hash, basis))
+        Ok((hash, basis, credits))
     };
     let audit =
         |trainer: &mut Trainer, guard: &mut Guard, step: u32, member: u32, outcome: Revealed| {
@@ -484,7 +527,7 @@ pub(crate) fn train_loop(
                         bytes,
                         generation: g,
                     } => {
-                        (current_hash, basis) =
+                        (current_hash, basis, credits) =
                             load(&mut trainer, &mut guard, &bytes, g, &mut next_compute)?;
                         generation = g;
                         break None;
@@ -583,7 +626,10 @@ pub(crate) fn train_loop(
             let blocked = (unblocked.saturating_sub(blocked_from)) as f64 / 1e6;
             let wait = (last_produced_us.saturating_sub(blocked_from) as f64 / 1e6).min(blocked);
             basis = Basis::after(&current_hash);
-            let (state_hash, snapshot) = publish_state(&trainer, &guard, &basis);
+            for m in &contributors {
+                credits[*m as usize] += 1;
+            }
+            let (state_hash, snapshot) = publish_state(&trainer, &guard, &basis, &credits);
             current_hash = state_hash;
             send(FromTrainer::Applied {
                 step: trainer.step(),
@@ -593,6 +639,7 @@ pub(crate) fn train_loop(
                     step: manifest.step,
                     model_hash: trainer.model_hash(),
                     contributors,
+                    credits: credits.clone(),
                     times: StepTimes {
                         compute: compute_secs,
                         comm: blocked - wait,
@@ -617,7 +664,7 @@ pub(crate) fn train_loop(
                     bytes,
                     generation: g,
                 }) => {
-                    (current_hash, basis) =
+                    (current_hash, basis, credits) =
                         load(&mut trainer, &mut guard, &bytes, g, &mut next_compute)?;
                     generation = g;
                     break;
@@ -667,22 +714,45 @@ mod tests {
     fn a_shared_state_carries_the_basis_of_the_next_contributions_and_round_trips() {
         let recent: Recent = [(3, vec![[7; 32], [8; 32]]), (4, vec![])].into();
         let basis = Basis::after(&[9; 32]);
+        let credits: Credits = vec![4, 0, 5];
         // The trailer fits the room reserved for it: a model-sized buffer
         // is never copied to grow.
-        let mut room = Vec::with_capacity(3 + trailer_len(&recent));
+        let mut room = Vec::with_capacity(3 + trailer_len(&recent, &credits));
         room.extend_from_slice(&[1, 2, 3]);
         let capacity = room.capacity();
-        let bytes = encode_state(room, &recent, &basis);
+        let bytes = encode_state(room, &recent, &basis, &credits);
         assert_eq!(bytes.capacity(), capacity, "grew");
-        assert_eq!(bytes.len(), 3 + trailer_len(&recent));
-        let (snapshot, r, b) = decode_state(&bytes).unwrap();
-        assert_eq!((snapshot, &r, b), (&[1u8, 2, 3][..], &recent, basis));
+        assert_eq!(bytes.len(), 3 + trailer_len(&recent, &credits));
+        let s = decode_state(&bytes).unwrap();
+        assert_eq!(
+            (s.snapshot, &s.recent, s.basis, &s.credits),
+            (&[1u8, 2, 3][..], &recent, basis, &credits)
+        );
         // Another basis is another state: its hash differs.
-        let other = encode_state(vec![1, 2, 3], &recent, &Basis::after(&[6; 32]));
+        let other = encode_state(vec![1, 2, 3], &recent, &Basis::after(&[6; 32]), &credits);
         assert_ne!(blake3::hash(&bytes), blake3::hash(&other));
         for cut in [0, 3, bytes.len() - 1] {
             assert!(decode_state(&bytes[..cut]).is_err(), "cut at {cut}");
         }
+    }
+
+    #[test]
+    fn the_epochs_credits_are_part_of_the_state_so_a_node_that_loads_it_takes_the_others_credits() {
+        // Two states alike but for one member's credit (one node credited a
+        // step of a history it then left) hash apart: a node that downloads
+        // the state every other member has can only end with their credits.
+        let recent: Recent = [(5, vec![[1; 32]])].into();
+        let basis = Basis::after(&[2; 32]);
+        let kept = encode_state(vec![9; 8], &recent, &basis, &vec![6, 6, 6]);
+        let left = encode_state(vec![9; 8], &recent, &basis, &vec![6, 6, 5]);
+        assert_ne!(blake3::hash(&kept), blake3::hash(&left));
+        assert_eq!(decode_state(&kept).unwrap().credits, vec![6, 6, 6]);
+        // A count of members the bytes cannot hold is malformed, not a
+        // huge allocation.
+        let mut lying = encode_state(vec![9; 8], &Recent::new(), &basis, &vec![]);
+        let at = lying.len() - 4 - 4;
+        lying[at..at + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(decode_state(&lying).is_err());
     }
 
     #[test]

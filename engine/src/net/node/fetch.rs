@@ -1,4 +1,4 @@
-//! Requests and answers: payloads, manifests, snapshots and backfills,
+//! Requests and answers: payloads, manifests, snapshots and momenta,
 //! each with a deadline scaled to its size, and what this node serves
 //! (members only).
 
@@ -59,40 +59,6 @@ impl Net {
         self.request_snapshot(step, from);
         self.machine.unsync();
         self.syncing = true;
-    }
-
-    /// A backfilled manifest must be for this job, epoch and step, signed by
-    /// the member who led it at its attempt. Our own manifests (from before
-    /// a restart) count too, which gossip admission would refuse.
-    pub(super) fn check_backfill(&self, step: u32, raw: &[u8]) -> Option<Vec<u32>> {
-        let s = msg::open(raw).ok()?;
-        let Body::Manifest(m) = s.body else {
-            return None;
-        };
-        let ok = m.job == self.cfg.job
-            && m.epoch == self.cfg.epoch
-            && m.step == step
-            && (m.attempt as u32) < self.machine.members()
-            && self.machine.leader(step, m.attempt) == m.leader
-            && self.cfg.members.get(m.leader as usize) == Some(&s.signer);
-        ok.then(|| m.entries.iter().map(|e| e.0).collect())
-    }
-
-    /// Asks member `step + tries` (skipping ourselves) for a missed manifest.
-    pub(super) fn ask_backfill(&mut self, step: u32, tries: u32) {
-        let n = self.cfg.members.len() as u32;
-        if tries >= n {
-            return;
-        }
-        let mut from = (step + tries) % n;
-        if from == self.cfg.me {
-            from = (from + 1) % n;
-        }
-        self.ask(
-            from,
-            Request::Manifest { step },
-            Pending::Backfill { step, tries },
-        );
     }
 
     /// Sends `req` to member `member` and remembers what it was for; false
@@ -299,16 +265,6 @@ impl Net {
                 }
             }
             (Pending::Manifest, _) => {}
-            (Pending::Backfill { step, .. }, Response::Manifest(raw)) => {
-                self.stats.bytes_in += raw.len() as u64;
-                match self.check_backfill(step, &raw) {
-                    Some(contributors) => self
-                        .events
-                        .push(NodeEvent::Backfilled { step, contributors }),
-                    None => self.stats.drop(Drop::BadBlob),
-                }
-            }
-            (Pending::Backfill { step, tries }, _) => self.ask_backfill(step, tries + 1),
             (
                 Pending::Snapshot { step, peer },
                 Response::Part {
@@ -529,7 +485,6 @@ impl Net {
             Some(Pending::Snapshot { step, peer }) if self.is_current_download(step, &peer) => {
                 self.retry_snapshot(step)
             }
-            Some(Pending::Backfill { step, tries }) => self.ask_backfill(step, tries + 1),
             Some(Pending::Momentum { step, member }) => self.reveal_failed(step, member, why),
             Some(Pending::Cosign { round, member }) => self.on_cosign(round, member, None),
             _ => {}

@@ -41,10 +41,6 @@ enum Pending {
         from: u32,
     },
     Manifest,
-    Backfill {
-        step: u32,
-        tries: u32,
-    },
     Snapshot {
         step: u32,
         peer: PeerId,
@@ -131,13 +127,12 @@ struct Net {
     state_cap: u64,
     momentum_len: u64,
     /// The signed manifest this node applied per step, for the whole epoch:
-    /// what it serves for a step the step machine no longer keeps (a
-    /// restarted member's backfill).
+    /// what it serves for a step the step machine no longer keeps.
     manifests_raw: BTreeMap<u32, Vec<u8>>,
     /// Every signed manifest the step machine keeps, by id, for the steps
     /// still kept: where `manifests_raw` is filled from when one is applied.
     ranked_raw: HashMap<[u8; 32], (u32, Vec<u8>)>,
-    /// Events raised by the network side (backfill), drained by `run`.
+    /// Events raised by the network side, drained by `run`.
     events: Vec<NodeEvent>,
     snapshots: blobs::BlobStore,
     pending: HashMap<OutboundRequestId, Pending>,
@@ -466,8 +461,8 @@ impl Net {
         // fetched while syncing carry no useful receipt step.
         let machine = &self.machine;
         self.payloads.retain(|h, _| machine.holds(h));
-        // Manifests stay for the whole epoch: a restarted member asks for
-        // the ones it missed (see `backfill_from`); they are small.
+        // Manifests stay for the whole epoch: they are small, and a peer
+        // that fell behind may still ask for one.
         let keep = self.cfg.epoch_start.map_or(floor, |e| e.min(floor));
         self.manifests_raw.retain(|s, _| *s >= keep);
         self.ranked_raw.retain(|_, (s, _)| *s >= floor);
@@ -847,13 +842,16 @@ impl Net {
                 self.events.push(NodeEvent::Audited(report));
                 self.drive();
             }
-            FromTrainer::Synced { step, resumed } => {
-                self.events.push(NodeEvent::Synced { step, resumed });
-                if let Some(from) = self.cfg.backfill_from {
-                    for st in from..step {
-                        self.ask_backfill(st, 0);
-                    }
-                }
+            FromTrainer::Synced {
+                step,
+                resumed,
+                credits,
+            } => {
+                self.events.push(NodeEvent::Synced {
+                    step,
+                    resumed,
+                    credits,
+                });
             }
             FromTrainer::Done { model_hash, .. } => {
                 self.stats.model_hash = model_hash;
