@@ -15,8 +15,13 @@ use std::str::FromStr;
 pub(super) struct Local {
     /// Epochs fully trained.
     pub(super) trained: u32,
-    /// Every member's points so far: the table the last epoch before this
-    /// one ended with, plus this epoch's credits in the shared state.
+    /// Each epoch's credits by member key, as the shared state last had
+    /// them (saved after every step, so an epoch trained but not yet
+    /// settled when the node stopped still counts).
+    #[serde(default)]
+    pub(super) credits: BTreeMap<u32, BTreeMap<String, u64>>,
+    /// Every member's points so far: the sum of `credits` over the epochs
+    /// not skipped.
     pub(super) points: BTreeMap<String, u64>,
     /// The points table as each epoch ended: what that epoch's witnesses
     /// attested, so a claim mid-job proves against the latest root.
@@ -32,18 +37,19 @@ impl Local {
     /// Forgets epoch `e`'s contributions: it was skipped, so the points
     /// table goes back to what the last epoch before it ended with.
     pub(super) fn drop_epoch(&mut self, e: u32) {
+        self.credits.remove(&e);
         self.settled.remove(&e);
-        self.points = self.before(e);
+        self.points = self.total();
         self.skipped.insert(e);
     }
 
-    /// The points table the last settled epoch before `e` ended with.
-    fn before(&self, e: u32) -> BTreeMap<String, u64> {
-        self.settled
-            .range(..e)
-            .next_back()
-            .map(|(_, t)| t.clone())
-            .unwrap_or_default()
+    /// Every epoch's credits added up.
+    fn total(&self) -> BTreeMap<String, u64> {
+        let mut points = BTreeMap::new();
+        for (m, c) in self.credits.values().flatten() {
+            *points.entry(m.clone()).or_insert(0) += c;
+        }
+        points
     }
 
     /// Takes epoch `e`'s credits as the shared state has them after a step
@@ -53,15 +59,18 @@ impl Local {
     /// whatever an abandoned history credited: the table always equals the
     /// one every member on this history attests.
     pub(super) fn credit(&mut self, e: u32, members: &[Pubkey], credits: &[u32]) -> bool {
-        let mut points = self.before(e);
-        for (m, c) in members.iter().zip(credits) {
-            if *c > 0 {
-                *points.entry(m.to_string()).or_insert(0) += u64::from(*c);
-            }
+        let table: BTreeMap<String, u64> = members
+            .iter()
+            .zip(credits)
+            .filter(|(_, c)| **c > 0)
+            .map(|(m, c)| (m.to_string(), u64::from(*c)))
+            .collect();
+        if self.credits.get(&e) == Some(&table) {
+            return false;
         }
-        let changed = points != self.points;
-        self.points = points;
-        changed
+        self.credits.insert(e, table);
+        self.points = self.total();
+        true
     }
 
     fn path(dir: &Path) -> PathBuf {
@@ -86,9 +95,12 @@ impl Local {
     }
 }
 
+/// The Merkle ledger of a points table. A member with no points is no
+/// leaf, so every witness builds the same root whether or not its table
+/// names that member.
 pub(super) fn ledger_of(points: &BTreeMap<String, u64>) -> Result<ContributionLedger> {
     let mut l = ContributionLedger::default();
-    for (k, p) in points {
+    for (k, p) in points.iter().filter(|(_, p)| **p > 0) {
         l.credit(
             Pubkey::from_str(k).map_err(|_| anyhow!("bad key in state"))?,
             *p,
@@ -140,6 +152,37 @@ mod tests {
         assert_eq!(points(&local, &members), [4, 4, 4]);
         // The same credits again change nothing, so nothing is saved.
         assert!(!local.credit(1, &members, &[2, 2, 2]));
+    }
+
+    #[test]
+    fn an_epoch_trained_but_never_settled_still_counts_after_a_restart() {
+        // The node stopped after its last step of epoch 0, before it
+        // recorded the epoch as settled; it comes back for epoch 1.
+        let members: Vec<Pubkey> = (0..2).map(|_| Pubkey::new_unique()).collect();
+        let dir = tempfile::tempdir().unwrap();
+        let mut local = Local::default();
+        local.credit(0, &members, &[5, 4]);
+        local.save(dir.path()).unwrap();
+        let mut local = Local::load(dir.path()).unwrap();
+        assert!(local.settled.is_empty());
+        local.credit(1, &members, &[1, 1]);
+        assert_eq!(points(&local, &members), [6, 5]);
+    }
+
+    #[test]
+    fn a_member_with_no_points_is_no_leaf_of_the_ledger() {
+        let m = Pubkey::new_unique().to_string();
+        let with_zero: BTreeMap<String, u64> =
+            [(m.clone(), 3), (Pubkey::new_unique().to_string(), 0)].into();
+        let without: BTreeMap<String, u64> = [(m, 3)].into();
+        let root = |t| {
+            ledger_of(t)
+                .unwrap()
+                .attestation(&cohort_program::ID, &Pubkey::default(), 0, [0; 32])
+                .unwrap()
+                .root
+        };
+        assert_eq!(root(&with_zero), root(&without));
     }
 
     #[test]

@@ -33,7 +33,7 @@ use cohort_program::state::{
 };
 use earnings::send_claim;
 use epoch::EpochRun;
-use local::{Local, hex, parse_hex};
+use local::{Local, hex, ledger_of, parse_hex};
 use report::say;
 use solana_sdk::pubkey::Pubkey;
 use solana_sdk::signature::{Keypair, Signer};
@@ -393,6 +393,9 @@ async fn epochs(
     // Each epoch's members as read when it started: a member slashed
     // mid-epoch leaves the job on chain, but not the epoch's P2P layout.
     let mut epoch_members: Option<(u32, Vec<Pubkey>)> = None;
+    // Closed epochs whose account was read: finalized or skipped, which
+    // does not change.
+    let mut looked_at = std::collections::BTreeSet::new();
     loop {
         if chain
             .state::<Member>(&member_addr)
@@ -413,23 +416,26 @@ async fn epochs(
         }
         let started = j.epochs_started;
         // A skipped epoch's points are worth nothing: the ledger drops them
-        // before the next epoch counts on top (its witnesses attest totals).
-        if let Some(e) = started.checked_sub(1)
-            && !local.skipped.contains(&e)
-            && j.epochs_closed() == started
-            && j.latest_finalized() != Some(e)
-            && chain
+        // (its witnesses attest totals). Every closed epoch is looked at
+        // once, so one skipped while this node was away, or just before the
+        // next one started, is dropped too.
+        for e in 0..j.epochs_closed() {
+            if local.skipped.contains(&e) || !looked_at.insert(e) {
+                continue;
+            }
+            if chain
                 .state::<Epoch>(&client::epoch_address(job, e))
                 .await?
                 .is_some_and(|ep| ep.skipped)
-        {
-            local.drop_epoch(e);
-            local.save(dir)?;
-            say(
-                report,
-                &pk,
-                format!("epoch {e} timed out unattested: skipped, nobody is paid for it"),
-            );
+            {
+                local.drop_epoch(e);
+                local.save(dir)?;
+                say(
+                    report,
+                    &pk,
+                    format!("epoch {e} timed out unattested: skipped, nobody is paid for it"),
+                );
+            }
         }
         let due =
             j.state == JobState::Open || (j.epochs_closed() == started && started < j.spec.epochs);
@@ -515,7 +521,14 @@ async fn settle(
     out: &mut Outcome,
 ) -> Result<()> {
     let pk = me.pubkey();
-    let ledger = local.ledger()?;
+    let j: Job = chain.must(job, "job").await?;
+    // What the chain pays is the latest attested table: when the last
+    // epoch was skipped, that is the one before it, not the running total.
+    let table = j
+        .latest_finalized()
+        .and_then(|e| local.settled.get(&e))
+        .unwrap_or(&local.points);
+    let ledger = ledger_of(table)?;
     let (points, proof) = ledger.proof(&pk)?;
     out.points = points;
     out.model_hashes = local
@@ -527,7 +540,6 @@ async fn settle(
         .state::<Member>(&client::member_address(job, &pk))
         .await?
     {
-        let j: Job = chain.must(job, "job").await?;
         out.claimed = send_claim(chain, me, job, &j, m.claimed, points, proof.clone()).await?;
         if out.claimed > 0 {
             say(

@@ -747,8 +747,7 @@ mod tests {
         let left = encode_state(vec![9; 8], &recent, &basis, &vec![6, 6, 5]);
         assert_ne!(blake3::hash(&kept), blake3::hash(&left));
         assert_eq!(decode_state(&kept).unwrap().credits, vec![6, 6, 6]);
-        // A count of members the bytes cannot hold is malformed, not a
-        // huge allocation.
+        // A count of members the bytes cannot hold is malformed.
         let mut lying = encode_state(vec![9; 8], &Recent::new(), &basis, &vec![]);
         let at = lying.len() - 4 - 4;
         lying[at..at + 4].copy_from_slice(&u32::MAX.to_le_bytes());
