@@ -8,7 +8,7 @@ use anyhow::Result;
 use cohort_engine::compress::{Layout, Select};
 use cohort_engine::model::ModelConfig;
 use cohort_engine::net::exchange;
-use cohort_engine::net::sim::{SimConfig, simulate};
+use cohort_engine::net::sim::{SimConfig, SimResult, simulate};
 use cohort_engine::net::sim_sharded::{ShardedConfig, simulate_sharded};
 use cohort_engine::net::step::Timing;
 use cohort_engine::trainer::TrainConfig;
@@ -117,7 +117,7 @@ pub fn run(raw: &[String]) -> Result<()> {
             },
             timing.fallback.as_secs_f64()
         ),
-        "*contributed-token efficiency*: contributions in the manifests the nodes applied per second (each is one member's tokens for one step), divided by the same in the run with no network cost; a payload left out of its step's manifest was computed for nothing. *Step-time ratio*: seconds per step with no network ÷ with home links".into(),
+        "*contributed-token efficiency*: contributions in the manifests the nodes applied per second (each is one member's tokens for one step), divided by the same in the run with no network cost (the issue's definition); a payload left out of its step's manifest was computed for nothing. *Share of ideal*: the same rate divided by every member contributing every step at the mean compute pace with one apply a step (nodes ÷ (compute + apply) contributions a second): unlike the ratio to the free run, it cannot call a run efficient whose free baseline already leaves most contributions out. *Step-time ratio*: seconds per step with no network ÷ with home links".into(),
         "not modelled (the simulator is still kinder than the node here): audits, reveals, heartbeats and rewinds; gossip costs no uplink share".into(),
     ];
     println!("simulate: assumptions");
@@ -130,9 +130,9 @@ pub fn run(raw: &[String]) -> Result<()> {
     for l in &assumptions {
         md.push_str(&format!("- {l}\n"));
     }
-    md.push_str("\n| deployment | nodes | steps | compute per step (s) | step time, no network (s) | step time, home links (s) | step-time ratio | contributors per manifest | contributed-token efficiency | upload per node per step |\n|---|---|---|---|---|---|---|---|---|---|\n");
+    md.push_str("\n| deployment | nodes | steps | compute per step (s) | step time, no network (s) | step time, home links (s) | step-time ratio | contributors per manifest | contributed-token efficiency | share of ideal (free → links) | upload per node per step |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
     println!(
-        "\n| deployment | nodes | steps | compute s | s/step free | s/step links | step-time ratio | contributors | contributed-token eff. | upload/node/step |"
+        "\n| deployment | nodes | steps | compute s | s/step free | s/step links | step-time ratio | contributors | contributed-token eff. | share of ideal | upload/node/step |"
     );
     let mut f = Figures::default();
     f.text("arch", &arch)
@@ -215,9 +215,10 @@ pub fn run(raw: &[String]) -> Result<()> {
         let net = simulate(&cfg, false);
         let eff = free.secs / net.secs;
         let contributed = net.contributed_efficiency(&free);
+        let (ideal_free, ideal) = (share_of_ideal(&free, &cfg), share_of_ideal(&net, &cfg));
         let upload = payload as f64 * (nodes - 1) as f64;
         let line = format!(
-            "| {label} | {nodes} | {steps} | {:.2} | {:.2} | {:.2} | {eff:.3} | {:.1} | {contributed:.3} | {} |",
+            "| {label} | {nodes} | {steps} | {:.2} | {:.2} | {:.2} | {eff:.3} | {:.1} | {contributed:.3} | {ideal_free:.3} → {ideal:.3} | {} |",
             compute_secs * mult,
             free.secs / steps as f64,
             net.secs / steps as f64,
@@ -245,6 +246,8 @@ pub fn run(raw: &[String]) -> Result<()> {
             .num(&format!("{key}_contributors"), net.contributors)
             .num(&format!("{key}_contributors_free"), free.contributors)
             .num(&format!("{key}_contributed_token_efficiency"), contributed)
+            .num(&format!("{key}_share_of_ideal_free"), ideal_free)
+            .num(&format!("{key}_share_of_ideal"), ideal)
             .num(&format!("{key}_upload_bytes_per_node_step"), upload)
             .num(
                 &format!("{key}_upload_secs_at_mean_uplink"),
@@ -301,7 +304,7 @@ fn sharded(
     }
     let timing = exchange::Timing::default();
     md.push_str(&format!(
-        "\n### The sharded exchange (a design: the node does not run it yet)\n\n`net::exchange` is the data plane of issue 18's sharded exchange as a pure state machine (`net::sim_sharded` drives it with the real step machine in virtual time; unit tests cover liars, silent and colluding aggregators). One shard per member; each shard has {redundancy} aggregators drawn per step; a member pushes each aggregator its slice (signs, a Merkle path, a 100-byte envelope) and announces once every shard holds it somewhere; an aggregator sums the listed slices and gossips the signed hash; every node downloads each shard's sum once and takes it when the seats agree (or the rest are silent {:.0} s after the first); each node also recomputes {spots} shard(s) a step from their slices, and about {backups} nodes recompute a shard whose seat is silent. A sum is either the exact integer vote count (what `shard::sum` builds and `shard::check` proves wrong: ⌈log2(2·members+1)⌉ bits a position) or only its sign (2 bits: a different update rule, since the recipe's decoder takes signs after the inverse DCT of the summed votes, not before; its convergence is not measured). Same links, compute, failure rate, deadlines, seed and number of steps as the all-to-all run of the same deployment above; the baseline is the same design with no network cost. Upload and download are per node per step, in payloads ({}).\n\n| nodes | steps | sum | aggregate | s/step free | s/step links | contributors (free) | contributed-token efficiency | upload mean (max) | download mean (max) | recomputations per node-step |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "\n### The sharded exchange (a design: the node does not run it yet)\n\n`net::exchange` is the data plane of issue 18's sharded exchange as a pure state machine (`net::sim_sharded` drives it with the real step machine in virtual time; unit tests cover liars, silent and colluding aggregators). One shard per member; each shard has {redundancy} aggregators drawn per step; a member pushes each aggregator its slice (signs, a Merkle path, a 100-byte envelope) and announces once every shard holds it somewhere; an aggregator sums the listed slices and gossips the signed hash; every node downloads each shard's sum once and takes it when the seats agree (or the rest are silent {:.0} s after the first); each node also recomputes {spots} shard(s) a step from their slices, and about {backups} nodes recompute a shard whose seat is silent. A sum is either the exact integer vote count (what `shard::sum` builds and `shard::check` proves wrong: ⌈log2(2·members+1)⌉ bits a position) or only its sign (2 bits: a different update rule, since the recipe's decoder takes signs after the inverse DCT of the summed votes, not before; its convergence is not measured). Same links, compute, failure rate, deadlines, seed and number of steps as the all-to-all run of the same deployment above; the baseline is the same design with no network cost. Upload and download are per node per step, in payloads ({}).\n\n| nodes | steps | sum | aggregate | s/step free | s/step links | contributors (free) | contributed-token efficiency | share of ideal (free → links) | upload mean (max) | download mean (max) | recomputations per node-step |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
         timing.agree.as_secs_f64(),
         fmt_bytes(bases.first().map_or(0.0, |b| b.payload_bytes as f64)),
     ));
@@ -330,9 +333,13 @@ fn sharded(
             let free = simulate_sharded(&cfg, true);
             let net = simulate_sharded(&cfg, false);
             let eff = net.run.contributed_efficiency(&free.run);
+            let (ideal_free, ideal) = (
+                share_of_ideal(&free.run, base),
+                share_of_ideal(&net.run, base),
+            );
             let pay = base.payload_bytes as f64;
             let line = format!(
-                "| {nodes} | {steps} | {sum} ({bits} bits) | {:.2} | {:.2} | {:.2} | {:.1} ({:.1}) | {eff:.3} | {:.2} ({:.2}) | {:.2} ({:.2}) | {:.2} |",
+                "| {nodes} | {steps} | {sum} ({bits} bits) | {:.2} | {:.2} | {:.2} | {:.1} ({:.1}) | {eff:.3} | {ideal_free:.3} → {ideal:.3} | {:.2} ({:.2}) | {:.2} ({:.2}) | {:.2} |",
                 cfg.aggregate_bytes() / pay,
                 free.run.secs / steps as f64,
                 net.run.secs / steps as f64,
@@ -368,6 +375,8 @@ fn sharded(
                 .num(&format!("{key}_contributors"), net.run.contributors)
                 .num(&format!("{key}_contributors_free"), free.run.contributors)
                 .num(&format!("{key}_contributed_token_efficiency"), eff)
+                .num(&format!("{key}_share_of_ideal_free"), ideal_free)
+                .num(&format!("{key}_share_of_ideal"), ideal)
                 .num(&format!("{key}_upload_payloads_mean"), net.up_mean / pay)
                 .num(&format!("{key}_upload_payloads_max"), net.up_max / pay)
                 .num(
@@ -387,9 +396,58 @@ fn sharded(
             steps_override.map_or(0.0, |s| s as f64),
         );
     md.push_str(&format!(
-        "\nHow to read it: *contributed-token efficiency* compares the design with itself on a free network and counts contributions applied per second, so a slower step that lists more members can score as well as a fast one that lists fewer: read it with the step times. *Contributors (free)* shows the step machine's {:.0} s collect window at work: with compute ({compute_secs:.1} s) spreading by ±15%, even a free network lists only part of the members, in this design and in the all-to-all baseline above alike. Traffic counts every byte a node sends or receives per applied step, in payloads; the issue's bound is about three payloads plus one aggregate (the *aggregate* column): {redundancy} pushes, one spot check, and the sums served and received. Recomputations beyond the spot checks are backups for seats still silent {:.0} s after their partner signed. Not built: the node's messages for it, screening on the aggregators, and a job choosing between the exchanges by member count.\n",
+        "\nHow to read it: *contributed-token efficiency* compares the design with itself on a free network and counts contributions applied per second, so a slower step that lists more members can score as well as a fast one that lists fewer, and above 1 when the free run leaves out more than the run over links: *share of ideal* is the figure to judge it by. *Contributors (free)* shows the step machine's {:.0} s collect window at work: with compute ({compute_secs:.1} s) spreading by ±15%, even a free network lists only part of the members, in this design and in the all-to-all baseline above alike. Traffic counts every byte a node sends or receives per applied step, in payloads; the issue's bound is about three payloads plus one aggregate (the *aggregate* column): {redundancy} pushes, one spot check, and the sums served and received. Recomputations beyond the spot checks are backups for seats still silent {:.0} s after their partner signed. Not built: the node's messages for it, screening on the aggregators, and a job choosing between the exchanges by member count.\n",
         bases.first().map_or(0.0, |b| b.timing.collect.as_secs_f64()),
         timing.agree.as_secs_f64(),
     ));
     Ok(())
+}
+
+/// Contributions applied per second as a share of the ideal: every member
+/// contributing every step at the mean compute pace, with one apply a
+/// step (`nodes / (compute + apply)` a second). The ratio to the run with
+/// no network cost can pass 1 when that run's collect window leaves out
+/// more members than the run over links does; this one cannot call such a
+/// run efficient.
+fn share_of_ideal(run: &SimResult, cfg: &SimConfig) -> f64 {
+    let ideal = cfg.nodes as f64 / (cfg.compute_secs + cfg.apply_secs);
+    run.applied_contributions / run.secs.max(1e-9) / ideal
+}
+
+#[cfg(test)]
+mod share_tests {
+    use super::*;
+
+    #[test]
+    fn every_member_in_every_step_at_the_mean_pace_is_the_whole_ideal_and_a_thinner_manifest_is_less()
+     {
+        let cfg = SimConfig {
+            nodes: 48,
+            steps: 10,
+            compute_secs: 9.0,
+            speed_spread: 0.15,
+            step_jitter: 0.05,
+            apply_secs: 1.0,
+            payload_bytes: 1,
+            up_mbit: (1.0, 1.0),
+            down_mbit: (1.0, 1.0),
+            latency_ms: (0.0, 0.0),
+            gossip_bytes: 1,
+            fetch_failure: 0.0,
+            seed: 1,
+            timing: Timing::default(),
+        };
+        let run = |secs: f64, per_step: f64| SimResult {
+            secs,
+            steps: 10,
+            applied_contributions: 10.0 * per_step,
+            ..SimResult::default()
+        };
+        assert!((share_of_ideal(&run(100.0, 48.0), &cfg) - 1.0).abs() < 1e-12);
+        // 19 of 48 in each step, at the same pace: 19/48 of the ideal,
+        // whatever a baseline with the same window scores.
+        assert!((share_of_ideal(&run(100.0, 19.0), &cfg) - 19.0 / 48.0).abs() < 1e-12);
+        // Every member, but steps twice as slow: half.
+        assert!((share_of_ideal(&run(200.0, 48.0), &cfg) - 0.5).abs() < 1e-12);
+    }
 }
