@@ -32,6 +32,7 @@ const FLAGS: &[&str] = &[
     "large-nodes",
     "large-steps",
     "collect-secs",
+    "collect-share",
     "fetch-failure",
     "redundancy",
     "spots",
@@ -63,13 +64,24 @@ pub fn run(raw: &[String]) -> Result<()> {
     );
     let latency = (a.get("latency-lo", 5.0)?, a.get("latency-hi", 40.0)?);
     // The node's own deadlines (`app/src/node/epoch.rs` ships
-    // `Timing::default()`); `--collect-secs` tries another collect window.
+    // `Timing::default()`); `--collect-secs` and `--collect-share` try
+    // another collect window.
     let shipped = Timing::default();
     let collect: f64 = a.get("collect-secs", shipped.collect.as_secs_f64())?;
     let Ok(collect) = Duration::try_from_secs_f64(collect) else {
         anyhow::bail!("--collect-secs {collect}: expected a finite number of seconds ≥ 0");
     };
-    let timing = Timing { collect, ..shipped };
+    let collect_share: f64 = a.get("collect-share", shipped.collect_share)?;
+    if !(0.0..=10.0).contains(&collect_share) {
+        anyhow::bail!(
+            "--collect-share {collect_share}: expected a share of the compute time in [0, 10]"
+        );
+    }
+    let timing = Timing {
+        collect,
+        collect_share,
+        ..shipped
+    };
     let fetch_failure: f64 = a.get("fetch-failure", 0.01)?;
     if !(0.0..1.0).contains(&fetch_failure) {
         anyhow::bail!("--fetch-failure {fetch_failure}: expected a share in [0, 1)");
@@ -105,11 +117,13 @@ pub fn run(raw: &[String]) -> Result<()> {
         "runs: 48 nodes for `--steps` steps, `--large-nodes` (1,000) for `--large-steps` steps; each also at 4× tokens per step (4× compute, same payload)".into(),
         "baseline: the same simulation with zero latency and unlimited bandwidth (stragglers and apply time included in both)".into(),
         format!(
-            "the node's deadlines as it ships (`Timing::default()`): a leader waits at most {:.1} s for contributions after a step opens{}, a fall-back leader {:.1} s more",
+            "the node's deadlines as it ships (`Timing::default()`): a leader waits for contributions after a step opens at most {:.0}% of its own compute time per step (smoothed), and at least {:.1} s{}; a fall-back leader {:.1} s more",
+            100.0 * timing.collect_share,
             timing.collect.as_secs_f64(),
-            if timing.collect != shipped.collect {
+            if timing != shipped {
                 format!(
-                    " (set by `--collect-secs`; the node ships {:.1} s)",
+                    " (set by `--collect-share` or `--collect-secs`; the node ships {:.0}% and {:.1} s)",
+                    100.0 * shipped.collect_share,
                     shipped.collect.as_secs_f64()
                 )
             } else {
@@ -147,6 +161,7 @@ pub fn run(raw: &[String]) -> Result<()> {
         .num("latency_ms_lo", latency.0)
         .num("latency_ms_hi", latency.1)
         .num("collect_secs", timing.collect.as_secs_f64())
+        .num("collect_share", timing.collect_share)
         .num("fetch_failure", fetch_failure);
     let large: u32 = a.get("large-nodes", 1000)?;
     let large_steps: u32 = a.get("large-steps", 4)?;
@@ -262,8 +277,9 @@ pub fn run(raw: &[String]) -> Result<()> {
     let seed48 = results.iter().find(|r| r.0 == "seed48");
     if let Some((_, nodes, free, net)) = seed48 {
         md.push_str(&format!(
-            "\nWhere the contributions go, at 48 nodes and 1× tokens: with no network cost a manifest lists {:.1} of {nodes} contributions (the leader publishes {:.0} s after the first announcement of the step, and members' compute times spread by ±15% and ±5% a step); over home links it lists {:.1}: an author's uplink is shared by every copy of its payload it sends at once, so the copies arrive together, at the mean uplink {:.1} s after they were all asked for, and a leader lists only what arrived within its window. Every contribution left out was computed for nothing. The step-time ratio, the figure this table used to report alone, calls runs efficient whose manifests carry almost nothing.\n",
+            "\nWhere the contributions go, at 48 nodes and 1× tokens: with no network cost a manifest lists {:.1} of {nodes} contributions (a leader waits for the expected members at most {:.2}× its own compute time per step, and at least {:.0} s, after the first announcement of the step; members' compute times spread by ±15% and ±5% a step, and with the one-step pipeline a slow member finishes its contribution up to about a step's compute after the first member did); over home links it lists {:.1}: an author's uplink is shared by every copy of its payload it sends at once, so the copies arrive together, at the mean uplink {:.1} s after they were all asked for, and a leader lists only what arrived within its window. Every contribution left out was computed for nothing. The step-time ratio, the figure this table used to report alone, calls runs efficient whose manifests carry almost nothing.\n",
             free.contributors,
+            timing.collect_share,
             timing.collect.as_secs_f64(),
             net.contributors,
             payload as f64 * (nodes - 1) as f64 / median_up,
@@ -396,7 +412,8 @@ fn sharded(
             steps_override.map_or(0.0, |s| s as f64),
         );
     md.push_str(&format!(
-        "\nHow to read it: *contributed-token efficiency* compares the design with itself on a free network and counts contributions applied per second, so a slower step that lists more members can score as well as a fast one that lists fewer, and above 1 when the free run leaves out more than the run over links: *share of ideal* is the figure to judge it by. *Contributors (free)* shows the step machine's {:.0} s collect window at work: with compute ({compute_secs:.1} s) spreading by ±15%, even a free network lists only part of the members, in this design and in the all-to-all baseline above alike. Traffic counts every byte a node sends or receives per applied step, in payloads; the issue's bound is about three payloads plus one aggregate (the *aggregate* column): {redundancy} pushes, one spot check, and the sums served and received. Recomputations beyond the spot checks are backups for seats still silent {:.0} s after their partner signed. Not built: the node's messages for it, screening on the aggregators, and a job choosing between the exchanges by member count.\n",
+        "\nHow to read it: *contributed-token efficiency* compares the design with itself on a free network and counts contributions applied per second, so a slower step that lists more members can score as well as a fast one that lists fewer, and above 1 when the free run leaves out more than the run over links: *share of ideal* is the figure to judge it by. *Share of ideal (free)* is the most this step agreement reaches with no network cost: a step keeps the pace of the members its leader waits for, and with speeds spread by ±15% ({compute_secs:.1} s of compute on average) the slowest take about 15% longer than the mean; the collect window ({:.2}× the leader's compute time, at least {:.0} s) decides how many of them are waited for, in this design and in the all-to-all baseline above alike. Traffic counts every byte a node sends or receives per applied step, in payloads; the issue's bound is about three payloads plus one aggregate (the *aggregate* column): {redundancy} pushes, one spot check, and the sums served and received. Recomputations beyond the spot checks are backups for seats still silent {:.0} s after their partner signed. Not built: the node's messages for it, screening on the aggregators, and a job choosing between the exchanges by member count.\n",
+        bases.first().map_or(0.0, |b| b.timing.collect_share),
         bases.first().map_or(0.0, |b| b.timing.collect.as_secs_f64()),
         timing.agree.as_secs_f64(),
     ));

@@ -141,6 +141,8 @@ struct Node {
     busy: bool,
     ready: VecDeque<u32>,
     compute_total: f64,
+    /// Seconds the compute in flight takes (what the node measures).
+    computing: f64,
     done_at: Option<f64>,
     tick_at: f64,
 }
@@ -238,6 +240,7 @@ pub fn simulate(cfg: &SimConfig, free_network: bool) -> SimResult {
             busy: false,
             ready: VecDeque::new(),
             compute_total: 0.0,
+            computing: 0.0,
             done_at: None,
             tick_at: f64::INFINITY,
         })
@@ -292,6 +295,7 @@ pub fn simulate(cfg: &SimConfig, free_network: bool) -> SimResult {
             Ev::ComputeDone { step, .. } => {
                 let me = &mut nodes[node as usize];
                 me.busy = false;
+                me.machine.on_compute(Duration::from_secs_f64(me.computing));
                 me.machine.on_local(d, &announce(step, node));
                 for j in 0..n {
                     if j != node {
@@ -429,6 +433,7 @@ pub fn simulate(cfg: &SimConfig, free_network: bool) -> SimResult {
                 let jitter = rng.uniform((-cfg.step_jitter, cfg.step_jitter));
                 let c = cfg.compute_secs * me.speed * (1.0 + jitter);
                 me.compute_total += c;
+                me.computing = c;
                 me.busy = true;
                 let step = me.next_compute;
                 me.next_compute += 1;

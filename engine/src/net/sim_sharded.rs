@@ -177,6 +177,8 @@ struct Node {
     busy: bool,
     ready: BTreeSet<u32>,
     compute_total: f64,
+    /// Seconds the compute in flight takes (what the node measures).
+    computing: f64,
     done_at: Option<f64>,
     tick_at: f64,
     up_bytes: f64,
@@ -239,6 +241,7 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
                 busy: false,
                 ready: BTreeSet::new(),
                 compute_total: 0.0,
+                computing: 0.0,
                 done_at: None,
                 tick_at: f64::INFINITY,
                 up_bytes: 0.0,
@@ -323,6 +326,7 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
             Ev::ComputeDone { step, .. } => {
                 let me = &mut nodes[node as usize];
                 me.busy = false;
+                me.steps.on_compute(Duration::from_secs_f64(me.computing));
                 open(me, node, step);
                 me.ex.on_computed(step);
             }
@@ -662,6 +666,7 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
                 let jitter = rng.uniform((-base.step_jitter, base.step_jitter));
                 let c = base.compute_secs * me.speed * (1.0 + jitter);
                 me.compute_total += c;
+                me.computing = c;
                 me.busy = true;
                 let step = me.next_compute;
                 me.next_compute += 1;

@@ -3,8 +3,9 @@
 //! code in virtual time, so what the benchmark measures is what ships.
 //!
 //! Per step t: members announce contributions; the seeded leader of t waits
-//! until every expected member's payload is held (or `collect` has passed
-//! since the step opened) and signs a manifest listing them; every node
+//! until every expected member's payload is held (or its collect window,
+//! which grows with its compute time per step, has passed since the step
+//! opened) and signs a manifest listing them; every node
 //! applies exactly the manifest's contributions, in step order. If no
 //! manifest arrives, the n-th fall-back leader publishes after a further
 //! `n × fallback`.
@@ -30,8 +31,15 @@ pub const KEEP: u32 = 8;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Timing {
-    /// Longest a leader waits for expected contributions after a step opens.
+    /// Longest a leader waits for expected contributions after a step
+    /// opens, at the least (see `collect_share`).
     pub collect: Duration,
+    /// The leader waits this share of its own compute time per step
+    /// instead, when that is longer ([`StepMachine::collect_window`]):
+    /// members' compute times spread with their GPUs by a share of the
+    /// step, so a fixed window lists only the fastest members of a job
+    /// whose steps take many seconds, and the rest computed for nothing.
+    pub collect_share: f64,
     /// Extra wait before each successive fall-back leader steps in.
     pub fallback: Duration,
     /// Interval between retries of a missing manifest or payload.
@@ -61,6 +69,7 @@ impl Default for Timing {
     fn default() -> Self {
         Self {
             collect: Duration::from_secs(3),
+            collect_share: 1.25,
             fallback: Duration::from_secs(2),
             retry: Duration::from_millis(500),
             alive: Duration::from_secs(2),
@@ -122,8 +131,8 @@ pub struct Equivocation {
 }
 
 /// A contribution a leader's manifest left out although this node had held
-/// it for `collect / 2` before the manifest came, or that an early manifest
-/// (within `collect / 2` of the step opening here) left out although its
+/// it for half its collect window before the manifest came, or that an
+/// early manifest (within that half of the step opening here) left out although its
 /// member was expected and had announced it: a sign of censorship, not
 /// proof (the leader may have heard of it later than this node did).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -221,6 +230,8 @@ pub struct StepMachine {
     /// step (the last `2 × KEEP` steps it reported). Two members that
     /// reported different ids for one step are on different histories.
     reports: BTreeMap<u32, BTreeMap<u32, [u8; 32]>>,
+    /// This node's compute time per step, smoothed ([`Self::on_compute`]).
+    pace: Option<Duration>,
 }
 
 impl StepMachine {
@@ -261,7 +272,36 @@ impl StepMachine {
             asks: Vec::new(),
             apart: BTreeMap::new(),
             reports: BTreeMap::new(),
+            pace: None,
         }
+    }
+
+    /// This node took `took` to compute its contribution to a step. The
+    /// collect window follows the smoothed figure, so one slow step (a
+    /// game started on the GPU) moves it by a quarter.
+    pub fn on_compute(&mut self, took: Duration) {
+        self.pace = Some(match self.pace {
+            Some(p) => (p * 3 + took) / 4,
+            None => took,
+        });
+    }
+
+    /// How long this node, leading a step, waits for the expected
+    /// contributions after the step opens: `collect`, or `collect_share`
+    /// of its compute time per step when that is longer.
+    pub fn collect_window(&self) -> Duration {
+        let scaled = self.pace.and_then(|p| {
+            Duration::try_from_secs_f64(p.as_secs_f64() * self.timing.collect_share).ok()
+        });
+        scaled.map_or(self.timing.collect, |w| w.max(self.timing.collect))
+    }
+
+    /// How long a live fall-back leader's predecessors may stay silent past
+    /// its slot: `silent`, plus what the pace adds to this node's collect
+    /// window, so a leader slower than this node (a longer window of its
+    /// own) is not raced.
+    fn silent_limit(&self) -> Duration {
+        self.timing.silent + self.collect_window().saturating_sub(self.timing.collect)
     }
 
     /// Sets one past the epoch's last step (default: no end).
@@ -783,7 +823,7 @@ impl StepMachine {
         let Some(st) = self.steps.get(&m.step) else {
             return;
         };
-        let grace = self.timing.collect / 2;
+        let grace = self.collect_window() / 2;
         // A leader publishes early only once it holds every expected
         // member's payload, so an early manifest lists them all.
         let early = st.opened.is_some_and(|o| now < o + grace);
@@ -892,7 +932,7 @@ impl StepMachine {
     }
 
     fn publish_at(&self, attempt: u8, opened: Duration) -> Duration {
-        opened + self.timing.collect + self.timing.fallback * attempt as u32
+        opened + self.collect_window() + self.timing.fallback * attempt as u32
     }
 
     /// What to do now. Call after every event and at [`Self::next_deadline`].
@@ -1009,7 +1049,7 @@ impl StepMachine {
                     continue;
                 }
                 let before_gone = (0..attempt).all(|a| self.gone(now, self.leader(step, a)));
-                if !before_gone && now < self.publish_at(attempt, opened) + self.timing.silent {
+                if !before_gone && now < self.publish_at(attempt, opened) + self.silent_limit() {
                     continue;
                 }
             }
@@ -1108,7 +1148,7 @@ impl StepMachine {
             let at = self.publish_at(a, o);
             take(at);
             if a > 0 {
-                take(at + self.timing.silent);
+                take(at + self.silent_limit());
                 let r = self.rotation(step);
                 let all_gone = (0..a as u32)
                     .map(|b| {
@@ -1309,6 +1349,75 @@ mod tests {
         let t = wait + MS;
         let acts = run_step(&mut ms, 2, &alive, t);
         assert!(acts.iter().any(|a| matches!(a, Action::Publish(_))) || ms[0].leader(2, 0) == 3);
+    }
+
+    #[test]
+    fn a_leader_whose_steps_take_long_waits_a_share_of_its_compute_time_for_stragglers() {
+        let mut ms = machines(4);
+        run_step(&mut ms, 0, &[0, 1, 2, 3], Duration::ZERO);
+        let t = Timing::default();
+        let compute = Duration::from_secs(40);
+        for m in ms.iter_mut() {
+            m.on_compute(compute);
+        }
+        let window = compute.mul_f64(t.collect_share);
+        assert!(
+            window > t.collect * 2,
+            "the test needs a window the pace sets"
+        );
+        assert_eq!(ms[0].collect_window(), window);
+        // Step 1 opens; one member is slower than the rest by a share of
+        // the step, as a slower GPU is.
+        let open = Duration::from_secs(50);
+        let leader = ms[0].leader(1, 0);
+        let slow = (leader + 1) % 4;
+        let early: Vec<u32> = (0..4).filter(|&i| i != slow).collect();
+        let acts = run_step(&mut ms, 1, &early, open);
+        assert!(
+            !acts.iter().any(|a| matches!(a, Action::Publish(_))),
+            "published before the straggler could arrive"
+        );
+        let l = &mut ms[leader as usize];
+        assert!(
+            !l.poll(open + t.collect + MS)
+                .iter()
+                .any(|a| matches!(a, Action::Publish(_))),
+            "a fixed window would have published here, without the straggler"
+        );
+        let straggler = open + window - Duration::from_secs(1);
+        l.on_announce(straggler, &announce(1, slow));
+        l.on_payload(straggler, announce(1, slow).payload_hash);
+        let published: Vec<Manifest> = l
+            .poll(straggler)
+            .into_iter()
+            .filter_map(|a| match a {
+                Action::Publish(m) => Some(m),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(published.len(), 1, "published once everyone was in");
+        let listed: Vec<u32> = published[0].entries.iter().map(|e| e.0).collect();
+        assert_eq!(listed, vec![0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn the_collect_window_follows_the_smoothed_pace_and_never_drops_below_collect() {
+        let t = Timing::default();
+        let mut m = StepMachine::new([1; 32], 0, [2; 32], 4, 0, t, Some(0));
+        assert_eq!(m.collect_window(), t.collect, "no pace yet");
+        m.on_compute(Duration::from_millis(20));
+        assert_eq!(m.collect_window(), t.collect, "fast steps keep the floor");
+        m.on_compute(Duration::from_secs(20));
+        let smoothed = (Duration::from_millis(20) * 3 + Duration::from_secs(20)) / 4;
+        assert_eq!(
+            m.collect_window(),
+            smoothed.mul_f64(t.collect_share).max(t.collect)
+        );
+        for _ in 0..40 {
+            m.on_compute(Duration::from_secs(20));
+        }
+        let w = m.collect_window().as_secs_f64();
+        assert!((w - 20.0 * t.collect_share).abs() < 0.01, "{w}");
     }
 
     #[test]

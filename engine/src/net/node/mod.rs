@@ -741,6 +741,9 @@ impl Net {
                 let keep = announce.step.saturating_sub(2 * KEEP);
                 self.own_payloads.retain(|_, s| *s >= keep);
                 self.payloads.insert(announce.payload_hash, bytes);
+                if let Ok(took) = Duration::try_from_secs_f64(compute_secs) {
+                    self.machine.on_compute(took);
+                }
                 let now = self.now();
                 self.machine.on_local(now, &announce);
                 self.publish(msg::sign(&Body::Announce(announce), &self.key));
