@@ -32,6 +32,15 @@ pub enum Method {
     /// publish them (issue 18, item 3). `K` = 0 keeps every vote: Cohort's
     /// rule, through this bench's own loop.
     TopAgg(u16),
+    /// The shared rule through this bench's own loop, with each
+    /// coefficient's summed votes cut to their sign before decoding when
+    /// `sign`: what a sharded exchange's aggregators publish as 2-bit sign
+    /// sums instead of exact integer counts (`cohort-bench simulate`'s
+    /// "sign" rows). With `sign` false it is the engine's shared rule, bit
+    /// for bit (a test holds it to that).
+    SharedAgg {
+        sign: bool,
+    },
 }
 
 impl Method {
@@ -49,6 +58,8 @@ impl Method {
             Method::Cohort => "cohort".into(),
             Method::Shared => "shared".into(),
             Method::TopAgg(k) => format!("topagg{k}"),
+            Method::SharedAgg { sign: false } => "sharedagg".into(),
+            Method::SharedAgg { sign: true } => "signagg".into(),
         }
     }
 
@@ -59,6 +70,10 @@ impl Method {
             Method::Cohort => "Cohort top-k signs",
             Method::Shared => "Cohort shared random-k signs",
             Method::TopAgg(_) => "Cohort, votes cut to the top K per chunk",
+            Method::SharedAgg { sign: false } => "Cohort shared signs, through the bench's loop",
+            Method::SharedAgg { sign: true } => {
+                "Cohort shared signs, summed votes cut to their sign"
+            }
         }
     }
 
@@ -69,12 +84,17 @@ impl Method {
                 .map_err(|_| anyhow::anyhow!("method `{s}`: expected topagg<K>, K a count"))?;
             return Ok(Method::TopAgg(k));
         }
+        for sign in [false, true] {
+            if s == (Method::SharedAgg { sign }).key() {
+                return Ok(Method::SharedAgg { sign });
+            }
+        }
         Method::ALL
             .into_iter()
             .find(|m| m.key() == s)
             .ok_or_else(|| {
                 anyhow::anyhow!(
-                    "unknown method `{s}`: expected adamw, sign, cohort, shared or topagg<K>"
+                    "unknown method `{s}`: expected adamw, sign, cohort, shared, topagg<K>, sharedagg or signagg"
                 )
             })
     }
@@ -135,7 +155,7 @@ impl Setting {
     /// Coefficients per chunk `method` sends.
     pub fn k(&self, method: Method) -> usize {
         match method {
-            Method::Shared => self.shared_k,
+            Method::Shared | Method::SharedAgg { .. } => self.shared_k,
             _ => self.topk,
         }
     }
@@ -183,7 +203,9 @@ impl Setting {
                     tokens_per_sec: r.tokens_per_sec,
                 })
             }
-            Method::AdamW | Method::SignSgd | Method::TopAgg(_) => dense(p, &cfg, corpus),
+            Method::AdamW | Method::SignSgd | Method::TopAgg(_) | Method::SharedAgg { .. } => {
+                dense(p, &cfg, corpus)
+            }
         }
     }
 }
@@ -252,17 +274,25 @@ fn dense(p: &Point, cfg: &RunConfig, corpus: &Corpus) -> Result<Outcome> {
     let mut val_loss = f32::NAN;
     let mut ahead: Option<Vec<Vec<Vec<f32>>>> = None;
     let cut = match p.method {
-        Method::TopAgg(k) => {
+        Method::TopAgg(_) | Method::SharedAgg { .. } => {
             let compress = CompressConfig {
                 decay: p.momentum,
                 decode: Decode::Sign,
+                select: match p.method {
+                    Method::SharedAgg { .. } => Select::Shared,
+                    _ => Select::TopK,
+                },
                 ..cfg.train.compress
             };
             let layout = Layout::new(&params.shapes, &compress);
             let members: Vec<Compressor> = (0..cfg.members)
                 .map(|_| Compressor::new(&layout, compress))
                 .collect();
-            Some((layout, members, k as usize))
+            let k = match p.method {
+                Method::TopAgg(k) => k as usize,
+                _ => 0,
+            };
+            Some((layout, members, k))
         }
         _ => None,
     };
@@ -309,15 +339,20 @@ fn dense(p: &Point, cfg: &RunConfig, corpus: &Corpus) -> Result<Outcome> {
         }
         match p.method {
             Method::AdamW => adam.step(&mut params.values, &mean_gradient(grads), lr.at(step)),
-            Method::TopAgg(_) => {
+            Method::TopAgg(_) | Method::SharedAgg { .. } => {
                 let (layout, compressors, k) = cut.as_mut().expect("set up for TopAgg");
+                // The draw the engine's members use (it matters only to the
+                // shared rule).
+                let draw = Draw::for_step(&cfg.job, step);
                 let payloads = compressors
                     .iter_mut()
                     .zip(&grads)
-                    .map(|(c, g)| c.compress(layout, g, Draw(0)))
+                    .map(|(c, g)| c.compress(layout, g, draw))
                     .collect::<Result<Vec<_>, _>>()?;
                 bytes_per_member_step = wire::payload_len(layout) as f64;
-                let dirs = if *k == 0 {
+                let dirs = if p.method == (Method::SharedAgg { sign: true }) {
+                    aggregate_signs(layout, &payloads)
+                } else if *k == 0 {
                     let weighted: Vec<_> = payloads.iter().map(|p| (p, 1)).collect();
                     aggregate(layout, &weighted, Decode::Sign)
                 } else {
@@ -376,6 +411,46 @@ fn dense(p: &Point, cfg: &RunConfig, corpus: &Corpus) -> Result<Outcome> {
     })
 }
 
+/// The members' votes summed per coefficient and cut to their sign (−1, 0
+/// or +1: a 2-bit sign sum), inverse-DCT'd in ascending index order and
+/// signed: what a node would apply from sign-sum aggregates of the shared
+/// rule, whose members all vote on the same positions.
+fn aggregate_signs(layout: &Layout, payloads: &[Payload]) -> Vec<Vec<f32>> {
+    use rayon::prelude::*;
+    layout
+        .dcts
+        .par_iter()
+        .enumerate()
+        .map(|(p, dct)| {
+            let k = layout.topk[p];
+            let mut x = vec![0f32; layout.numel(p)];
+            let mut votes = vec![0i32; dct.tiling.chunk_size()];
+            for ch in 0..dct.tiling.chunks() {
+                let range = ch * k..(ch + 1) * k;
+                for payload in payloads {
+                    let s = &payload.params[p];
+                    for (i, neg) in s.idx[range.clone()].iter().zip(&s.neg[range.clone()]) {
+                        votes[*i as usize] += if *neg { -1 } else { 1 };
+                    }
+                }
+                // Every member names the same drawn positions.
+                if let Some(first) = payloads.first() {
+                    for &i in &first.params[p].idx[range] {
+                        let v = votes[i as usize].signum();
+                        if v != 0 {
+                            dct.add_basis(&mut x, ch, i as usize, v as f32);
+                        }
+                        votes[i as usize] = 0;
+                    }
+                }
+            }
+            x.iter_mut()
+                .for_each(|v| *v = v.signum() * (*v != 0.0) as u8 as f32);
+            x
+        })
+        .collect()
+}
+
 /// The members' votes summed per coefficient (integers), cut to the `cut`
 /// largest in magnitude per chunk (ties to the lower index), inverse-DCT'd in
 /// ascending index order and signed: what a node would apply from top-`cut`
@@ -429,4 +504,67 @@ fn aggregate_top(layout: &Layout, payloads: &[Payload], cut: usize) -> Vec<Vec<f
             x
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn setting() -> Setting {
+        Setting {
+            model: ModelConfig::parse("gpt l1 d32 h2 s16").unwrap(),
+            members: 3,
+            batch: 2,
+            steps: 6,
+            topk: 4,
+            shared_k: 8,
+            decode: Decode::Sign,
+            adaptive_beta2: 0.0,
+            weight_decay: 0.1,
+            eval_windows: 4,
+            eval_every: 3,
+        }
+    }
+
+    fn run(method: Method) -> Outcome {
+        let p = Point {
+            method,
+            lr: 3e-3,
+            momentum: 0.99,
+            seed: 0,
+            schedule: Schedule::OneStepStale,
+        };
+        setting().run(&p, &Corpus::bundled().unwrap()).unwrap()
+    }
+
+    #[test]
+    fn the_loop_keeping_every_vote_is_the_engines_shared_rule_bit_for_bit_and_sign_sums_are_not() {
+        let engine = run(Method::Shared);
+        let kept = run(Method::SharedAgg { sign: false });
+        let bits = |o: &Outcome| {
+            o.curve
+                .iter()
+                .map(|(s, l)| (*s, l.to_bits()))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(bits(&engine), bits(&kept));
+        assert_eq!(engine.curve.len(), 2);
+        // With three members a sign sum weighs a 3–0 vote as a 2–1 one:
+        // another rule, so other weights. (With two it would be the sum
+        // halved, which the decoder's final sign cannot tell apart.)
+        let signs = run(Method::SharedAgg { sign: true });
+        assert_ne!(bits(&engine), bits(&signs));
+    }
+
+    #[test]
+    fn the_aggregate_methods_parse_from_their_keys() {
+        for m in [
+            Method::SharedAgg { sign: false },
+            Method::SharedAgg { sign: true },
+            Method::TopAgg(3),
+        ] {
+            assert_eq!(Method::parse(&m.key()).unwrap(), m);
+        }
+        assert!(Method::parse("signagg2").is_err());
+    }
 }

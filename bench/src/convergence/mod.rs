@@ -367,6 +367,8 @@ impl Best {
             (Method::Cohort, _) => [44, 160, 44],
             (Method::Shared, _) => [148, 103, 189],
             (Method::TopAgg(_), _) => [140, 86, 75],
+            (Method::SharedAgg { sign: false }, _) => [23, 190, 207],
+            (Method::SharedAgg { sign: true }, _) => [214, 39, 40],
         }
     }
     fn label(&self) -> String {
@@ -643,7 +645,7 @@ fn tried(
                 field("decode"),
                 field("adaptive")
             )
-        } else if method == "sharedk" || method == "shared" {
+        } else if ["sharedk", "shared", "sharedagg", "signagg"].contains(&method) {
             format!("{method} ({} drawn coefficients per chunk)", field("topk"))
         } else if let Some(cut) = method.strip_prefix("topagg") {
             format!(
@@ -679,9 +681,11 @@ fn tried(
         "\nWhat was tried at this horizon ({} points and seeds logged at these settings, any method, decoder, coefficients or grid point; mean over its seeds, best first):\n\n| method | lr | momentum | seeds | final val loss | ÷ best AdamW above | bytes / member / step |\n|---|---|---|---|---|---|---|\n",
         rows.iter().map(|r| r.2).sum::<usize>()
     );
-    let candidates = rows
-        .iter()
-        .any(|r| r.1.starts_with("shared") || r.1.starts_with("topagg"));
+    let candidates = rows.iter().any(|r| {
+        ["shared", "topagg", "signagg"]
+            .iter()
+            .any(|m| r.1.starts_with(m))
+    });
     for (mean, g, n) in rows {
         let b = bytes.get(&g).copied().unwrap_or(f64::NAN);
         let _ = writeln!(
@@ -698,7 +702,10 @@ fn tried(
              each (error feedback as Cohort); *sharedk* — its bench-only prototype, which gave a \
              coefficient of exactly zero no vote where the engine votes it positive; *topagg* — Cohort's payloads with the summed votes cut to the largest per chunk \
              before decoding, as a sharded exchange's aggregators would publish them (`topagg0` keeps \
-             every vote and reproduces Cohort bit for bit). The bytes of *sharedk* and *topagg* count \
+             every vote and reproduces Cohort bit for bit); *signagg* — the shared rule with each \
+             coefficient's summed votes cut to their sign before decoding, as a sharded exchange's \
+             aggregators would publish 2-bit sign sums (*sharedagg*, the same loop keeping every \
+             vote, is the shared rule bit for bit). The bytes of *sharedk*, *topagg*, *sharedagg* and *signagg* count \
              the payload alone, as each run logged it; Cohort's and *shared*'s count one encoded \
              contribution in today's wire format (version 4), its 148-byte header included and \
              its 64-byte signature not, and the dense methods' their fp32 gradient.\n",
