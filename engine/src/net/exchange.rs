@@ -34,12 +34,15 @@
 //!    node. The proof convinces every other node (`on_evidence`), which
 //!    recomputes, and rewinds if it had applied the lie. A shard none of
 //!    whose seats signed within `silent` of the manifest is recomputed by
-//!    every node.
+//!    its backups only: a recomputation fetches the slices from the same
+//!    seats, so every node doing it would only bury slow seats.
 //! 5. When every shard's sum is accepted the step applies.
 //!
 //! Not handled here: a member listed in a manifest whose slices no holder
 //! serves stalls the step (a fall-back manifest without it is the step
-//! machine's job); equivocating aggregators keep their first hash.
+//! machine's job); a shard whose seats are all dead stalls it too (other
+//! seats for the step, drawn as fall-back leaders are, would end it);
+//! equivocating aggregators keep their first hash.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -59,7 +62,7 @@ pub struct Timing {
     /// aggregator that had to fetch a slice is not taken for a silent one.
     pub agree: Duration,
     /// A shard none of whose aggregators has signed a sum this long after
-    /// the manifest is recomputed from its slices.
+    /// the manifest is recomputed from its slices by its backups.
     pub silent: Duration,
 }
 
@@ -625,10 +628,13 @@ impl Exchange {
             // Seats still silent `agree` after the first signed: the signed
             // ones are taken at their word, except by this shard's backups.
             let silent = !all && r.first_at.is_some_and(|t| t + timing.agree <= now);
-            // Nobody signed at all: every node recomputes.
+            // Nobody signed at all: this shard's backups recompute, as for
+            // a silent partner. Not every node: a recomputation fetches the
+            // shard's slices from its seats, so a thousand nodes doing it
+            // would bury slow seats under a payload each.
             let orphan =
                 signed.is_empty() && st.manifest_at.is_some_and(|t| t + timing.silent <= now);
-            if disagree || orphan || (silent && r.backup) {
+            if disagree || ((orphan || silent) && r.backup) {
                 r.recompute = true;
             }
             let free = !r.out && r.due.is_none_or(|d| d <= now);
@@ -1051,6 +1057,52 @@ mod tests {
         assert!(w.everyone_applied_once());
         assert!(w.convicted.is_empty());
         assert!(w.nodes.iter().all(|x| x.accepted(0, 0) == Some([LIE; 32])));
+    }
+
+    #[test]
+    fn a_shard_whose_seats_are_all_silent_is_recomputed_by_its_backups_not_by_every_node() {
+        // Every recomputation fetches the shard's slices from its seats: had
+        // every node recomputed a shard none of whose seats signed, two
+        // silent seats would bring the whole job down on themselves (at
+        // 1,000 members, a payload's worth from each of 1,000 nodes).
+        let members: Vec<u32> = (0..8).collect();
+        let seats = shard::aggregators(&members, 8, 2, Draw(7)).unwrap();
+        let backup = (0..8).find(|i| !seats[0].contains(i)).unwrap();
+        let backups = |i| {
+            if i == backup {
+                BTreeSet::from([0])
+            } else {
+                BTreeSet::new()
+            }
+        };
+        let mut w = World::new(8, 8, 2, none, backups);
+        for &a in &seats[0] {
+            w.silent.insert(a);
+        }
+        for x in &mut w.nodes {
+            x.on_computed(0);
+        }
+        w.settle();
+        let members: Vec<u32> = w.announced.iter().copied().collect();
+        assert_eq!(members.len(), 8);
+        for x in &mut w.nodes {
+            x.on_manifest(w.now, 0, &members);
+        }
+        let t = Timing::default();
+        let until = t.silent + t.agree * 2;
+        while w.now < until {
+            w.settle();
+            w.now += t.retry;
+        }
+        let on_shard0: BTreeSet<u32> = w
+            .recomputed
+            .iter()
+            .filter(|r| r.1 == 0)
+            .map(|r| r.0)
+            .collect();
+        assert_eq!(on_shard0, BTreeSet::from([backup]));
+        // Nobody takes a sum nobody signed.
+        assert!(w.nodes.iter().all(|x| x.accepted(0, 0).is_none()));
     }
 
     #[test]
