@@ -208,20 +208,6 @@ impl<T> Uplink<T> {
     }
 }
 
-/// The node's timing as the simulator drives it: nobody dies in these runs,
-/// and the node sends a heartbeat every 0.5 s, so every member is heard
-/// from within `alive` all the time. The simulator does not send those
-/// heartbeats (at 1,000 members they would be most of its events); a member
-/// is instead never presumed gone, which is what they would show. Without
-/// this, a leader waiting out a long collect window looked gone to its
-/// fall-back after `alive`, and the two raced.
-pub(super) fn heard(timing: Timing) -> Timing {
-    Timing {
-        alive: Duration::from_secs(365 * 24 * 3600),
-        ..timing
-    }
-}
-
 fn hash_of(step: u32, member: u32) -> [u8; 32] {
     let mut h = [0u8; 32];
     h[..4].copy_from_slice(&step.to_le_bytes());
@@ -241,7 +227,7 @@ pub fn simulate(cfg: &SimConfig, free_network: bool) -> SimResult {
     let job = [9u8; 32];
     let mut nodes: Vec<Node> = (0..n)
         .map(|i| Node {
-            machine: StepMachine::new(job, 0, [7; 32], n, i, heard(cfg.timing), Some(0)),
+            machine: StepMachine::new(job, 0, [7; 32], n, i, cfg.timing, Some(0)),
             speed: rng.uniform((1.0 - cfg.speed_spread, 1.0 + cfg.speed_spread)),
             up: rng.uniform(cfg.up_mbit) * 1e6 / 8.0,
             down: rng.uniform(cfg.down_mbit) * 1e6 / 8.0,

@@ -226,15 +226,7 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
                 rng.uniform(base.latency_ms) / 1e3,
             );
             Node {
-                steps: StepMachine::new(
-                    job,
-                    0,
-                    [7; 32],
-                    n,
-                    i,
-                    super::sim::heard(base.timing),
-                    Some(0),
-                ),
+                steps: StepMachine::new(job, 0, [7; 32], n, i, base.timing, Some(0)),
                 ex: Exchange::new(i, cfg.timing),
                 opened: 0,
                 speed: rng.uniform((1.0 - base.speed_spread, 1.0 + base.speed_spread)),
