@@ -60,6 +60,9 @@ fn main() {
         // SAFETY: no other thread exists yet.
         unsafe { std::env::set_var("RUST_LOG", "error") };
     }
+    // The engine's own events (`COHORT_LOG=trace` shows a simulation's
+    // every event, for instance).
+    cohort_engine::logs::init();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("convergence") => convergence::run(&args[1..]),

@@ -50,6 +50,12 @@ use std::time::Duration;
 /// A sum's hash, as its aggregator signs it.
 pub type Hash = [u8; 32];
 
+/// The hash of the signed manifest whose listed members a sum adds up. An
+/// aggregator signs it with its sum's hash: a step can have two manifests
+/// for a while (a fall-back leader's and the late leader's, which
+/// outranks it), and seats that summed different lists are not liars.
+pub type ManifestId = [u8; 32];
+
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Timing {
     /// Wait before retrying a failed push, slice or sum request.
@@ -92,26 +98,39 @@ pub enum Action {
         member: u32,
         from: u32,
     },
-    /// Every listed slice of `shard` is held: sum them, sign and gossip
-    /// the sum's hash and serve the sum. The driver reports the hash back
-    /// with `on_sum_hash`, as from any aggregator.
-    PublishSum { step: u32, shard: u32 },
+    /// Every slice `manifest` lists for `shard` is held: sum them, sign
+    /// and gossip the sum's hash with `manifest`, and serve the sum. The
+    /// driver reports the hash back with `on_sum_hash`, as from any
+    /// aggregator.
+    PublishSum {
+        step: u32,
+        shard: u32,
+        manifest: ManifestId,
+    },
     /// Ask aggregator `from` for the sum of `shard`.
     FetchSum { step: u32, shard: u32, from: u32 },
-    /// Fetch the listed slices of `shard` from its aggregator `from` and
-    /// recompute the sum; report with `on_recomputed` or
-    /// `on_recompute_failed`.
-    Recompute { step: u32, shard: u32, from: u32 },
-    /// `aggregator` signed a hash for `shard` that the slices do not give.
+    /// Fetch the slices `manifest` lists for `shard` from its aggregator
+    /// `from` and recompute the sum; report with `on_recomputed` or
+    /// `on_fetch_failed`.
+    Recompute {
+        step: u32,
+        shard: u32,
+        from: u32,
+        manifest: ManifestId,
+    },
+    /// `aggregator` signed, for `manifest`, a hash for `shard` that the
+    /// slices do not give.
     Convict {
         step: u32,
         shard: u32,
         aggregator: u32,
+        manifest: ManifestId,
     },
     /// Every shard's sum is accepted: the step can apply.
     Apply { step: u32 },
-    /// A step already applied used a sum proven wrong: go back to the
-    /// state before it; `Apply` follows again with the true sums.
+    /// A step already applied used a sum proven wrong, or its manifest was
+    /// replaced by a better-ranked one: go back to the state before it;
+    /// `Apply` follows again.
     Rewind { step: u32 },
 }
 
@@ -126,6 +145,8 @@ pub enum Verdict {
     NotASeat,
     /// Nothing new.
     Duplicate,
+    /// About another manifest than the one this node takes for the step.
+    OtherManifest,
 }
 
 /// An aggregator's view of one of its shards.
@@ -145,8 +166,8 @@ struct Agg {
 /// A receiver's view of one shard.
 #[derive(Debug, Default)]
 struct Recv {
-    /// The hash each seat signed.
-    hashes: Vec<Option<Hash>>,
+    /// The hash each seat signed, and the manifest it summed.
+    hashes: Vec<Option<(ManifestId, Hash)>>,
     first_at: Option<Duration>,
     /// Seat asked for the sum or slices, how many seats were tried, and
     /// whether a request is out.
@@ -156,6 +177,8 @@ struct Recv {
     got: Option<Hash>,
     /// Recompute instead of trusting the seats' hashes.
     recompute: bool,
+    /// A spot check of this node's (what `recompute` starts as).
+    spot: bool,
     /// Recompute if a seat stays silent.
     backup: bool,
     truth: Option<Hash>,
@@ -167,6 +190,7 @@ struct Recv {
 struct Step {
     seats: Vec<Vec<u32>>,
     members: Option<Vec<u32>>,
+    manifest: Option<ManifestId>,
     manifest_at: Option<Duration>,
     /// Shards whose slice reached an aggregator (pushes that succeeded).
     reached: Vec<bool>,
@@ -230,6 +254,7 @@ impl Exchange {
             recv.push(Recv {
                 hashes: vec![None; seat.len()],
                 recompute: spots.contains(&(s as u32)),
+                spot: spots.contains(&(s as u32)),
                 backup: backups.contains(&(s as u32)),
                 ..Recv::default()
             });
@@ -239,6 +264,7 @@ impl Exchange {
             Step {
                 seats,
                 members: None,
+                manifest: None,
                 manifest_at: None,
                 reached: vec![false; shards],
                 reached_left: shards,
@@ -364,14 +390,59 @@ impl Exchange {
         }
     }
 
-    /// The step's manifest is known: these members' contributions apply.
-    pub fn on_manifest(&mut self, now: Duration, step: u32, members: &[u32]) -> Verdict {
+    /// The step's manifest is known, or replaced by one that outranks it:
+    /// these members' contributions apply. A replacement starts the
+    /// step's aggregation and acceptance over (slices already held are
+    /// kept, and so are hashes seats signed for the new manifest), and
+    /// rewinds the step if it was applied.
+    pub fn on_manifest(
+        &mut self,
+        now: Duration,
+        step: u32,
+        manifest: ManifestId,
+        members: &[u32],
+    ) -> Verdict {
         let Some(st) = self.steps.get_mut(&step) else {
             return Verdict::UnknownStep;
         };
-        if st.members.is_some() {
+        if st.manifest == Some(manifest) {
             return Verdict::Duplicate;
         }
+        if st.manifest.is_some() {
+            for a in st.agg.values_mut() {
+                a.published = false;
+            }
+            for r in &mut st.recv {
+                for h in &mut r.hashes {
+                    if h.is_some_and(|(m, _)| m != manifest) {
+                        *h = None;
+                    }
+                }
+                *r = Recv {
+                    hashes: std::mem::take(&mut r.hashes),
+                    recompute: r.spot,
+                    spot: r.spot,
+                    backup: r.backup,
+                    ..Recv::default()
+                };
+            }
+            st.accepted_left = st.recv.len();
+            if st.applied {
+                st.applied = false;
+                self.out.push(Action::Rewind { step });
+            }
+        }
+        for (s, r) in st.recv.iter_mut().enumerate() {
+            if r.hashes
+                .iter()
+                .any(|h| h.is_some_and(|(m, _)| m == manifest))
+            {
+                r.first_at = Some(now);
+                self.timers
+                    .insert((now + self.timing.agree, step, s as u32));
+            }
+        }
+        st.manifest = Some(manifest);
         let mut listed = members.to_vec();
         listed.sort_unstable();
         listed.dedup();
@@ -395,13 +466,15 @@ impl Exchange {
         Verdict::Accepted
     }
 
-    /// Aggregator `from` signed `hash` as the sum of `shard`.
+    /// Aggregator `from` signed `hash` as the sum of `shard` over the
+    /// members `manifest` lists.
     pub fn on_sum_hash(
         &mut self,
         now: Duration,
         step: u32,
         shard: u32,
         from: u32,
+        manifest: ManifestId,
         hash: Hash,
     ) -> Verdict {
         let Some(st) = self.steps.get_mut(&step) else {
@@ -415,10 +488,19 @@ impl Exchange {
             return Verdict::NotASeat;
         };
         let r = &mut st.recv[shard as usize];
-        if r.hashes[seat].is_some() {
+        // A second hash for the same manifest is an equivocation: the
+        // first stands. One for another manifest replaces a hash for an
+        // outranked one (the seat summed again).
+        if r.hashes[seat].is_some_and(|(m, _)| m == manifest) {
             return Verdict::Duplicate;
         }
-        r.hashes[seat] = Some(hash);
+        r.hashes[seat] = Some((manifest, hash));
+        match st.manifest {
+            // Counted once this node has the manifest (`on_manifest`).
+            None => return Verdict::Accepted,
+            Some(m) if m != manifest => return Verdict::OtherManifest,
+            Some(_) => {}
+        }
         if r.first_at.is_none() {
             r.first_at = Some(now);
             self.timers.insert((now + self.timing.agree, step, shard));
@@ -446,9 +528,10 @@ impl Exchange {
         else {
             return Verdict::NotASeat;
         };
+        let current = st.manifest;
         let r = &mut st.recv[shard as usize];
         r.out = false;
-        if r.hashes[seat] == Some(hash) {
+        if current.is_some() && r.hashes[seat] == current.map(|m| (m, hash)) {
             r.got = Some(hash);
         } else {
             // Bytes that are not what their server signed: ask another.
@@ -473,14 +556,22 @@ impl Exchange {
         }
     }
 
-    /// The slices of `shard` recompute to `hash`.
-    pub fn on_recomputed(&mut self, step: u32, shard: u32, hash: Hash) -> Verdict {
-        let Some(r) = self
-            .steps
-            .get_mut(&step)
-            .and_then(|st| st.recv.get_mut(shard as usize))
-        else {
+    /// The slices `manifest` lists for `shard` recompute to `hash`.
+    pub fn on_recomputed(
+        &mut self,
+        step: u32,
+        shard: u32,
+        manifest: ManifestId,
+        hash: Hash,
+    ) -> Verdict {
+        let Some(st) = self.steps.get_mut(&step) else {
             return Verdict::UnknownStep;
+        };
+        if st.manifest != Some(manifest) {
+            return Verdict::OtherManifest;
+        }
+        let Some(r) = st.recv.get_mut(shard as usize) else {
+            return Verdict::NotASeat;
         };
         r.out = false;
         if r.truth.is_some() {
@@ -491,15 +582,17 @@ impl Exchange {
         Verdict::Accepted
     }
 
-    /// Another node proved (slices and a signed hash) that a seat of
-    /// `shard` lied: recompute it here too.
-    pub fn on_evidence(&mut self, step: u32, shard: u32) -> Verdict {
-        let Some(r) = self
-            .steps
-            .get_mut(&step)
-            .and_then(|st| st.recv.get_mut(shard as usize))
-        else {
+    /// Another node proved (slices and a hash signed for `manifest`)
+    /// that a seat of `shard` lied: recompute it here too.
+    pub fn on_evidence(&mut self, step: u32, shard: u32, manifest: ManifestId) -> Verdict {
+        let Some(st) = self.steps.get_mut(&step) else {
             return Verdict::UnknownStep;
+        };
+        if st.manifest != Some(manifest) {
+            return Verdict::OtherManifest;
+        }
+        let Some(r) = st.recv.get_mut(shard as usize) else {
+            return Verdict::NotASeat;
         };
         if r.recompute {
             return Verdict::Duplicate;
@@ -571,14 +664,18 @@ impl Exchange {
             return;
         }
         let s = shard as usize;
-        if st.members.is_none() {
+        let Some(manifest) = st.manifest else {
             return;
-        }
+        };
         // The aggregator's side.
         if let Some(a) = st.agg.get_mut(&shard) {
             if !a.published && a.missing == 0 {
                 a.published = true;
-                self.out.push(Action::PublishSum { step, shard });
+                self.out.push(Action::PublishSum {
+                    step,
+                    shard,
+                    manifest,
+                });
             } else if !a.published && a.fetch_from.is_some_and(|t| t <= now) {
                 let seats = &st.seats[s];
                 for (&m, (tried, out)) in a.asking.iter_mut() {
@@ -610,19 +707,26 @@ impl Exchange {
         let r = &mut st.recv[s];
         let was = r.accepted;
         let own = seats.iter().position(|&x| x == me);
+        // The hashes signed for the manifest this node takes.
+        let signed_for: Vec<Option<Hash>> = r
+            .hashes
+            .iter()
+            .map(|h| h.filter(|(m, _)| *m == manifest).map(|(_, h)| h))
+            .collect();
         if let Some(truth) = r.truth {
-            for (i, h) in r.hashes.iter().enumerate() {
+            for (i, h) in signed_for.iter().enumerate() {
                 if h.is_some_and(|h| h != truth) && r.convicted.insert(i) {
                     self.out.push(Action::Convict {
                         step,
                         shard,
                         aggregator: seats[i],
+                        manifest,
                     });
                 }
             }
             r.accepted = Some(truth);
         } else {
-            let signed: Vec<Hash> = r.hashes.iter().flatten().copied().collect();
+            let signed: Vec<Hash> = signed_for.iter().flatten().copied().collect();
             let disagree = signed.windows(2).any(|w| w[0] != w[1]);
             let all = signed.len() == r.hashes.len();
             // Seats still silent `agree` after the first signed: the signed
@@ -654,9 +758,14 @@ impl Exchange {
                     };
                     r.out = true;
                     r.due = None;
-                    self.out.push(Action::Recompute { step, shard, from });
+                    self.out.push(Action::Recompute {
+                        step,
+                        shard,
+                        from,
+                        manifest,
+                    });
                 }
-            } else if let Some(h) = own.and_then(|i| r.hashes[i]) {
+            } else if let Some(h) = own.and_then(|i| signed_for[i]) {
                 // This node's own sum.
                 r.got = Some(h);
             } else if r.got.is_none() && free && (own.is_none() || silent) {
@@ -668,7 +777,7 @@ impl Exchange {
                 let start = (me as usize + s) % n;
                 if let Some(i) = (0..n)
                     .map(|k| (start + r.asked + k) % n)
-                    .find(|&i| r.hashes[i].is_some())
+                    .find(|&i| signed_for[i].is_some())
                 {
                     r.asked += 1;
                     r.out = true;
@@ -733,8 +842,18 @@ mod tests {
         recomputed: BTreeSet<(u32, u32)>,
     }
 
+    /// The manifest every test step uses unless it says otherwise.
+    const M: ManifestId = [0xA0; 32];
+
     fn truth(shard: u32) -> Hash {
-        [TRUE.wrapping_add(shard as u8); 32]
+        truth_for(shard, M)
+    }
+
+    /// The true sum of `shard` over the members `manifest` lists.
+    fn truth_for(shard: u32, manifest: ManifestId) -> Hash {
+        let mut h = [TRUE.wrapping_add(shard as u8); 32];
+        h[0] = manifest[0];
+        h
     }
 
     impl World {
@@ -828,18 +947,22 @@ mod tests {
                         self.nodes[i as usize].on_slice_failed(now, step, shard, member);
                     }
                 }
-                Action::PublishSum { step, shard } => {
+                Action::PublishSum {
+                    step,
+                    shard,
+                    manifest,
+                } => {
                     if self.silent.contains(&i) {
                         return;
                     }
                     let h = if self.liars.contains(&i) {
                         [LIE; 32]
                     } else {
-                        truth(shard)
+                        truth_for(shard, manifest)
                     };
                     self.signed.insert((shard, i), h);
                     for x in &mut self.nodes {
-                        x.on_sum_hash(now, step, shard, i, h);
+                        x.on_sum_hash(now, step, shard, i, manifest, h);
                     }
                 }
                 Action::FetchSum { step, shard, from } => match self.signed.get(&(shard, from)) {
@@ -848,24 +971,30 @@ mod tests {
                     }
                     None => self.nodes[i as usize].on_fetch_failed(now, step, shard),
                 },
-                Action::Recompute { step, shard, from } => {
+                Action::Recompute {
+                    step,
+                    shard,
+                    from,
+                    manifest,
+                } => {
                     self.recomputed.insert((i, shard));
                     if self.silent.contains(&from) && from != i {
                         self.nodes[i as usize].on_fetch_failed(now, step, shard);
                     } else {
-                        self.nodes[i as usize].on_recomputed(step, shard, truth(shard));
+                        let h = truth_for(shard, manifest);
+                        self.nodes[i as usize].on_recomputed(step, shard, manifest, h);
                     }
                 }
                 Action::Convict {
                     step,
                     shard,
                     aggregator,
-                    ..
+                    manifest,
                 } => {
                     self.convicted.insert((i, aggregator));
                     // The proof reaches everyone.
                     for x in &mut self.nodes {
-                        x.on_evidence(step, shard);
+                        x.on_evidence(step, shard, manifest);
                     }
                 }
                 Action::Apply { step } => self.applied.entry(i).or_default().push(step),
@@ -885,7 +1014,7 @@ mod tests {
             self.settle();
             let members: Vec<u32> = self.announced.iter().copied().collect();
             for x in &mut self.nodes {
-                x.on_manifest(self.now, 0, &members);
+                x.on_manifest(self.now, 0, M, &members);
             }
             self.run();
         }
@@ -1086,7 +1215,7 @@ mod tests {
         let members: Vec<u32> = w.announced.iter().copied().collect();
         assert_eq!(members.len(), 8);
         for x in &mut w.nodes {
-            x.on_manifest(w.now, 0, &members);
+            x.on_manifest(w.now, 0, M, &members);
         }
         let t = Timing::default();
         let until = t.silent + t.agree * 2;
@@ -1106,13 +1235,106 @@ mod tests {
     }
 
     #[test]
+    fn a_seat_that_summed_an_outranked_manifest_is_not_convicted_and_every_node_ends_on_the_better_one()
+     {
+        // A step can have two manifests for a while: a fall-back leader's,
+        // then the late leader's, which outranks it. A seat that summed the
+        // first signed a hash the second's slices do not give. Before sums
+        // named their manifest, every other node took that for a lie and
+        // convicted an honest seat (as
+        // `a_lying_aggregator_is_convicted_and_every_node_applies_the_true_sums`
+        // convicts any seat whose hash differs).
+        let mut w = World::new(8, 8, 2, none, none);
+        let x = w.seats[0][0];
+        for n in &mut w.nodes {
+            n.on_computed(0);
+        }
+        w.settle();
+        let all: Vec<u32> = w.announced.iter().copied().collect();
+        assert_eq!(all.len(), 8);
+        let (first, better) = ([0xA1; 32], [0xA2; 32]);
+        let fewer: Vec<u32> = all.iter().copied().filter(|&m| m != 7).collect();
+        // The fall-back's manifest reaches seat x first and alone...
+        w.nodes[x as usize].on_manifest(w.now, 0, first, &all);
+        w.settle();
+        // ...the outranking one everyone else, and x only much later.
+        for i in (0..8).filter(|&i| i != x) {
+            w.nodes[i as usize].on_manifest(w.now, 0, better, &fewer);
+        }
+        w.now += Timing::default().agree;
+        w.settle();
+        w.nodes[x as usize].on_manifest(w.now, 0, better, &fewer);
+        w.run();
+        assert!(w.convicted.is_empty(), "{:?}", w.convicted);
+        assert!(w.everyone_applied_once(), "{:?}", w.applied);
+        for n in &w.nodes {
+            for s in 0..8 {
+                assert_eq!(n.accepted(0, s), Some(truth_for(s, better)));
+            }
+        }
+        assert_eq!(
+            w.nodes[0].on_manifest(w.now, 0, better, &fewer),
+            Verdict::Duplicate
+        );
+    }
+
+    #[test]
+    fn a_step_applied_under_a_manifest_that_is_then_outranked_is_rewound_and_applied_again() {
+        let mut w = World::new(8, 8, 2, none, none);
+        w.step();
+        assert!(w.everyone_applied_once());
+        let better = [0xA2; 32];
+        let fewer: Vec<u32> = (0..7).collect();
+        for x in &mut w.nodes {
+            x.on_manifest(w.now, 0, better, &fewer);
+        }
+        w.run();
+        assert_eq!(w.rewound.len(), 8);
+        assert!(w.everyone_applied_once(), "{:?}", w.applied);
+        assert!(w.convicted.is_empty(), "{:?}", w.convicted);
+        for n in &w.nodes {
+            for s in 0..8 {
+                assert_eq!(n.accepted(0, s), Some(truth_for(s, better)));
+            }
+        }
+    }
+
+    #[test]
+    fn a_sum_hash_for_another_manifest_is_kept_apart_and_cannot_outvote_the_current_one() {
+        let mut w = World::new(4, 4, 2, none, none);
+        let seat = w.seats[0][0];
+        let x = &mut w.nodes[(seat + 1) as usize % 4];
+        x.on_manifest(Duration::ZERO, 0, M, &[0, 1, 2, 3]);
+        assert_eq!(
+            x.on_sum_hash(Duration::ZERO, 0, 0, seat, [0xBB; 32], [LIE; 32]),
+            Verdict::OtherManifest
+        );
+        assert_eq!(
+            x.on_sum_hash(Duration::ZERO, 0, 0, seat, M, truth(0)),
+            Verdict::Accepted
+        );
+        // A second hash for the same manifest is an equivocation: the
+        // first stands.
+        assert_eq!(
+            x.on_sum_hash(Duration::ZERO, 0, 0, seat, M, [LIE; 32]),
+            Verdict::Duplicate
+        );
+        // Recomputations and evidence about another manifest change nothing.
+        assert_eq!(
+            x.on_recomputed(0, 0, [0xBB; 32], [LIE; 32]),
+            Verdict::OtherManifest
+        );
+        assert_eq!(x.on_evidence(0, 0, [0xBB; 32]), Verdict::OtherManifest);
+    }
+
+    #[test]
     fn inputs_for_unknown_steps_or_seats_change_nothing() {
         let mut w = World::new(4, 4, 2, none, none);
         let outsider = (0..4).find(|i| !w.seats[0].contains(i)).unwrap();
         let x = &mut w.nodes[0];
         assert_eq!(x.on_slice(9, 0, 1), Verdict::UnknownStep);
         assert_eq!(
-            x.on_sum_hash(Duration::ZERO, 0, 0, outsider, [5; 32]),
+            x.on_sum_hash(Duration::ZERO, 0, 0, outsider, M, [5; 32]),
             Verdict::NotASeat
         );
         assert_eq!(

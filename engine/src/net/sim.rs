@@ -10,10 +10,84 @@
 //! request deadline, after which the step machine asks the next holder.
 
 use super::msg::{Announce, Manifest};
-use super::step::{Action, StepMachine, Timing};
+use super::step::{Action, StepMachine, Timing, Verdict};
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 use std::time::Duration;
+
+/// The simulators' event queue, in whole nanoseconds of virtual time.
+///
+/// Why integers: the time an event is queued at, the `Duration` the
+/// machines are shown when it is handled and a node's planned wake-up must
+/// be one number. Kept as float seconds truncated to the queue's
+/// nanoseconds, a wake-up planned for a machine's deadline landed a
+/// nanosecond before it for about a quarter of deadlines; the machine had
+/// nothing due yet, the node planned nothing more, and with no other event
+/// addressed to it slept for good. That was the sharded simulator's
+/// 1,000-node sign-sum "stall": one node never retried a failed sum
+/// request, and the run ended when everyone else ran out of events.
+pub(super) struct Events<E: Ord> {
+    heap: BinaryHeap<Reverse<(u64, u64, E)>>,
+    seq: u64,
+}
+
+impl<E: Ord> Events<E> {
+    pub(super) fn new() -> Self {
+        Self {
+            heap: BinaryHeap::new(),
+            seq: 0,
+        }
+    }
+
+    /// Queues `ev` at `t` seconds, rounded up to the nanosecond.
+    pub(super) fn at(&mut self, t: f64, ev: E) {
+        self.at_nanos(nanos(t), ev);
+    }
+
+    pub(super) fn at_nanos(&mut self, t: u64, ev: E) {
+        self.seq += 1;
+        self.heap.push(Reverse((t, self.seq, ev)));
+    }
+
+    /// The earliest event (ties in the order queued) and its time in
+    /// nanoseconds.
+    pub(super) fn pop(&mut self) -> Option<(u64, E)> {
+        self.heap.pop().map(|Reverse((t, _, ev))| (t, ev))
+    }
+}
+
+/// Seconds of virtual time as the queue's nanoseconds, rounded up.
+pub(super) fn nanos(t: f64) -> u64 {
+    (t * 1e9).ceil() as u64
+}
+
+/// A node's next wake-up for its machines' deadlines.
+#[derive(Debug)]
+pub(super) struct Alarm {
+    at: u64,
+}
+
+impl Default for Alarm {
+    fn default() -> Self {
+        Self { at: u64::MAX }
+    }
+}
+
+impl Alarm {
+    /// At `now` (nanoseconds) the machines' earliest deadline is
+    /// `deadline`: the time to queue a wake-up at, exactly the deadline
+    /// (at least a microsecond from now), or `None` when the wake-up
+    /// already planned comes no later.
+    pub(super) fn plan(&mut self, now: u64, deadline: Duration) -> Option<u64> {
+        let t = u64::try_from(deadline.as_nanos())
+            .unwrap_or(u64::MAX)
+            .max(now + 1_000);
+        (t < self.at || self.at <= now).then(|| {
+            self.at = t;
+            t
+        })
+    }
+}
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct SimConfig {
@@ -123,6 +197,9 @@ enum Ev {
     },
     ApplyDone {
         node: u32,
+        step: u32,
+        /// The node's rewinds when the apply began.
+        rewinds: u32,
     },
 }
 
@@ -135,8 +212,11 @@ struct Node {
     uplink: Uplink,
     down_free: f64,
     applied: u32,
-    /// Entries of the manifests this node applied.
-    contributions: u64,
+    /// Entries of the manifest this node applied at each step (a rewind
+    /// replaces them).
+    contributions: BTreeMap<u32, u64>,
+    /// Rewinds so far: an apply begun before the latest is void.
+    rewinds: u32,
     next_compute: u32,
     busy: bool,
     ready: VecDeque<u32>,
@@ -144,7 +224,8 @@ struct Node {
     /// Seconds the compute in flight takes (what the node measures).
     computing: f64,
     done_at: Option<f64>,
-    tick_at: f64,
+    /// When the node next wakes for its machines' deadlines.
+    alarm: Alarm,
 }
 
 /// What a holder is sending at once, each transfer getting an equal share
@@ -208,6 +289,23 @@ impl<T> Uplink<T> {
     }
 }
 
+/// The node's timing as the simulator drives it: nobody dies in these runs,
+/// and the node sends a heartbeat every 0.5 s, so every member is heard
+/// from within `alive` all the time. The simulator does not send those
+/// heartbeats (at 1,000 members they would be most of its events); a member
+/// is instead never presumed gone, which is what they would show. Without
+/// this, a leader waiting out a long collect window looked gone to its
+/// fall-back after `alive`, and the two raced. (A first try at this left a
+/// node waiting a year of simulated time: a leader slept through its
+/// publish deadline, see [`Events`], and its fall-back, hearing it alive,
+/// waited for it.)
+pub(super) fn heard(timing: Timing) -> Timing {
+    Timing {
+        alive: Duration::from_secs(365 * 24 * 3600),
+        ..timing
+    }
+}
+
 fn hash_of(step: u32, member: u32) -> [u8; 32] {
     let mut h = [0u8; 32];
     h[..4].copy_from_slice(&step.to_le_bytes());
@@ -227,7 +325,7 @@ pub fn simulate(cfg: &SimConfig, free_network: bool) -> SimResult {
     let job = [9u8; 32];
     let mut nodes: Vec<Node> = (0..n)
         .map(|i| Node {
-            machine: StepMachine::new(job, 0, [7; 32], n, i, cfg.timing, Some(0)),
+            machine: StepMachine::new(job, 0, [7; 32], n, i, heard(cfg.timing), Some(0)),
             speed: rng.uniform((1.0 - cfg.speed_spread, 1.0 + cfg.speed_spread)),
             up: rng.uniform(cfg.up_mbit) * 1e6 / 8.0,
             down: rng.uniform(cfg.down_mbit) * 1e6 / 8.0,
@@ -235,27 +333,23 @@ pub fn simulate(cfg: &SimConfig, free_network: bool) -> SimResult {
             uplink: Uplink::default(),
             down_free: 0.0,
             applied: 0,
-            contributions: 0,
+            contributions: BTreeMap::new(),
+            rewinds: 0,
             next_compute: 0,
             busy: false,
             ready: VecDeque::new(),
             compute_total: 0.0,
             computing: 0.0,
             done_at: None,
-            tick_at: f64::INFINITY,
+            alarm: Alarm::default(),
         })
         .collect();
     let mut manifests: Vec<Manifest> = Vec::new();
-    let mut queue: BinaryHeap<Reverse<(u64, u64, Ev)>> = BinaryHeap::new();
-    let mut seq = 0u64;
-    let mut push = |q: &mut BinaryHeap<Reverse<(u64, u64, Ev)>>, t: f64, ev: Ev| {
-        seq += 1;
-        q.push(Reverse(((t * 1e9) as u64, seq, ev)));
-    };
+    let mut queue = Events::new();
     let mut contributors = (0u64, 0u64);
     for i in 0..n {
         nodes[i as usize].machine.on_applied(0, [0; 32]);
-        push(&mut queue, 0.0, Ev::Tick { node: i });
+        queue.at(0.0, Ev::Tick { node: i });
     }
     let link = |nodes: &[Node], a: u32, b: u32| -> f64 {
         if free_network {
@@ -277,9 +371,9 @@ pub fn simulate(cfg: &SimConfig, free_network: bool) -> SimResult {
     let mut now = 0.0f64;
     let mut counted = vec![false; n as usize];
     let mut finished = 0usize;
-    while let Some(Reverse((t, _, ev))) = queue.pop() {
+    while let Some((t, ev)) = queue.pop() {
         now = t as f64 / 1e9;
-        let d = Duration::from_secs_f64(now);
+        let d = Duration::from_nanos(t);
         let node = match &ev {
             Ev::ComputeDone { node, .. }
             | Ev::Announce { node, .. }
@@ -289,8 +383,9 @@ pub fn simulate(cfg: &SimConfig, free_network: bool) -> SimResult {
             | Ev::FetchFailed { node, .. }
             | Ev::Manifest { node, .. }
             | Ev::Tick { node }
-            | Ev::ApplyDone { node } => *node,
+            | Ev::ApplyDone { node, .. } => *node,
         };
+        tracing::trace!(t = now, ?ev, "all-to-all sim event");
         match ev {
             Ev::ComputeDone { step, .. } => {
                 let me = &mut nodes[node as usize];
@@ -300,8 +395,7 @@ pub fn simulate(cfg: &SimConfig, free_network: bool) -> SimResult {
                 for j in 0..n {
                     if j != node {
                         let at = now + link(&nodes, node, j);
-                        push(
-                            &mut queue,
+                        queue.at(
                             at,
                             Ev::Announce {
                                 node: j,
@@ -326,7 +420,7 @@ pub fn simulate(cfg: &SimConfig, free_network: bool) -> SimResult {
                 src.uplink.advance(now, src.up);
                 src.uplink.active.push((to, hash, cfg.payload_bytes as f64));
                 if let Some((t, version)) = src.uplink.next_done(now, src.up) {
-                    push(&mut queue, t, Ev::UplinkDone { node, version });
+                    queue.at(t, Ev::UplinkDone { node, version });
                 }
             }
             Ev::UplinkDone { version, .. } if version == nodes[node as usize].uplink.version => {
@@ -334,7 +428,7 @@ pub fn simulate(cfg: &SimConfig, free_network: bool) -> SimResult {
                 src.uplink.advance(now, src.up);
                 let done = src.uplink.take_done(src.up);
                 if let Some((t, version)) = src.uplink.next_done(now, src.up) {
-                    push(&mut queue, t, Ev::UplinkDone { node, version });
+                    queue.at(t, Ev::UplinkDone { node, version });
                 }
                 // Sent: it crosses the network, then the receiver's
                 // downlink (first come, first served).
@@ -344,42 +438,53 @@ pub fn simulate(cfg: &SimConfig, free_network: bool) -> SimResult {
                     let bytes = cfg.payload_bytes as f64;
                     let recv = (now + lat).max(dst.down_free + bytes / dst.down);
                     dst.down_free = recv;
-                    push(&mut queue, recv, Ev::Payload { node: to, hash });
+                    queue.at(recv, Ev::Payload { node: to, hash });
                 }
             }
             Ev::UplinkDone { .. } => {}
             Ev::Manifest { idx, .. } => {
-                nodes[node as usize]
-                    .machine
-                    .on_manifest(d, manifests[idx].clone());
+                let me = &mut nodes[node as usize];
+                let step = manifests[idx].step;
+                if me.machine.on_manifest(d, manifests[idx].clone()) == Verdict::Rewind {
+                    // A better-ranked manifest for a step this node had
+                    // taken another for: back to the state before it (the
+                    // node keeps its recent states); the machine delivers
+                    // the step again.
+                    me.applied = me.applied.min(step);
+                    me.ready.retain(|&s| s < step);
+                    me.rewinds += 1;
+                }
             }
             Ev::Tick { .. } => {}
-            Ev::ApplyDone { .. } => {
+            Ev::ApplyDone { step, rewinds, .. } => {
                 let me = &mut nodes[node as usize];
                 me.busy = false;
-                me.applied += 1;
-                let applied = me.applied;
-                me.machine.on_applied(applied, [applied as u8; 32]);
+                // (An apply a rewind overtook counts for nothing.)
+                if step == me.applied && rewinds == me.rewinds {
+                    me.applied += 1;
+                    let applied = me.applied;
+                    me.machine.on_applied(applied, [applied as u8; 32]);
+                }
             }
         }
         // Protocol actions.
         let actions = nodes[node as usize].machine.poll(d);
         for a in actions {
+            tracing::trace!(t = now, node, ?a, "step machine");
             match a {
                 Action::Fetch { hash, from } => {
                     if free_network {
-                        push(&mut queue, now, Ev::Payload { node, hash });
+                        queue.at(now, Ev::Payload { node, hash });
                     } else if rng.next() < cfg.fetch_failure {
                         // A holder that never answers fails the first part's request.
                         let first_part = cfg.payload_bytes.min(super::msg::PART as u64);
                         let wait = secs(cfg.timing.deadline(first_part));
-                        push(&mut queue, now + wait, Ev::FetchFailed { node, hash });
+                        queue.at(now + wait, Ev::FetchFailed { node, hash });
                     } else {
                         // The request reaches the holder, whose uplink
                         // sends the payload alongside its other uploads.
                         let at = now + link(&nodes, node, from);
-                        push(
-                            &mut queue,
+                        queue.at(
                             at,
                             Ev::Request {
                                 node: from,
@@ -402,8 +507,7 @@ pub fn simulate(cfg: &SimConfig, free_network: bool) -> SimResult {
                                 cfg.gossip_bytes as f64 / nodes[node as usize].up
                             };
                             let at = now + link(&nodes, node, j) + g;
-                            push(
-                                &mut queue,
+                            queue.at(
                                 at,
                                 Ev::Manifest {
                                     node: j,
@@ -416,7 +520,8 @@ pub fn simulate(cfg: &SimConfig, free_network: bool) -> SimResult {
                 }
                 Action::Apply { manifest, .. } => {
                     let me = &mut nodes[node as usize];
-                    me.contributions += manifest.entries.len() as u64;
+                    me.contributions
+                        .insert(manifest.step, manifest.entries.len() as u64);
                     me.ready.push_back(manifest.step)
                 }
                 Action::RequestManifest { .. } => {}
@@ -428,7 +533,15 @@ pub fn simulate(cfg: &SimConfig, free_network: bool) -> SimResult {
             if me.ready.front() == Some(&me.applied) {
                 me.ready.pop_front();
                 me.busy = true;
-                push(&mut queue, now + cfg.apply_secs, Ev::ApplyDone { node });
+                let (step, rewinds) = (me.applied, me.rewinds);
+                queue.at(
+                    now + cfg.apply_secs,
+                    Ev::ApplyDone {
+                        node,
+                        step,
+                        rewinds,
+                    },
+                );
             } else if me.next_compute < cfg.steps && me.next_compute <= me.applied + 1 {
                 let jitter = rng.uniform((-cfg.step_jitter, cfg.step_jitter));
                 let c = cfg.compute_secs * me.speed * (1.0 + jitter);
@@ -437,7 +550,7 @@ pub fn simulate(cfg: &SimConfig, free_network: bool) -> SimResult {
                 me.busy = true;
                 let step = me.next_compute;
                 me.next_compute += 1;
-                push(&mut queue, now + c, Ev::ComputeDone { node, step });
+                queue.at(now + c, Ev::ComputeDone { node, step });
             } else if me.applied >= cfg.steps && me.done_at.is_none() {
                 me.done_at = Some(now);
             }
@@ -446,12 +559,11 @@ pub fn simulate(cfg: &SimConfig, free_network: bool) -> SimResult {
             counted[node as usize] = true;
             finished += 1;
         }
-        if let Some(deadline) = me.machine.next_deadline(d) {
-            let t = secs(deadline).max(now + 1e-6);
-            if me.done_at.is_none() && (t < me.tick_at || me.tick_at <= now) {
-                me.tick_at = t;
-                push(&mut queue, t, Ev::Tick { node });
-            }
+        if let Some(deadline) = me.machine.next_deadline(d)
+            && me.done_at.is_none()
+            && let Some(at) = me.alarm.plan(t, deadline)
+        {
+            queue.at_nanos(at, Ev::Tick { node });
         }
         if finished == n as usize {
             break;
@@ -470,7 +582,11 @@ pub fn simulate(cfg: &SimConfig, free_network: bool) -> SimResult {
             .sum::<f64>()
             / n as f64,
         contributors: contributors.0 as f64 / contributors.1.max(1) as f64,
-        applied_contributions: nodes.iter().map(|x| x.contributions as f64).sum::<f64>() / n as f64,
+        applied_contributions: nodes
+            .iter()
+            .map(|x| x.contributions.values().sum::<u64>() as f64)
+            .sum::<f64>()
+            / n as f64,
     }
 }
 
@@ -502,6 +618,9 @@ mod tests {
         for free in [true, false] {
             let r = simulate(&cfg(8), free);
             assert_eq!(r.steps, 12);
+            // Nobody waits out a member heard from but stalled: 12 steps
+            // of about 2 s, plus the transfers.
+            assert!(r.secs < 12.0 * 4.0, "{r:?}");
             assert!((r.contributors - 8.0).abs() < 1e-9, "{r:?}");
             assert!((r.applied_contributions - 8.0 * 12.0).abs() < 1e-9, "{r:?}");
         }
@@ -583,6 +702,49 @@ mod tests {
         // (A node that gave up on a manifest the others applied heals in
         // the real node by heartbeats and a state download, which are not
         // simulated: here it stays behind, and `steps` shows it.)
+    }
+
+    #[test]
+    fn a_wake_up_planned_for_a_deadline_is_handled_no_earlier_than_the_deadline() {
+        // The deadline the stalled sharded run's last node never woke for
+        // (a retry 0.5 s after a failed sum request): in float seconds
+        // truncated to nanoseconds, the old arithmetic, it came out a
+        // nanosecond early, and so did 228 of the 1,000 nanoseconds after
+        // 16.997934 s.
+        let deadline = Duration::from_nanos(16_997_934_658);
+        assert_eq!((deadline.as_secs_f64() * 1e9) as u64, 16_997_934_657);
+        let early = (16_997_934_000u64..16_997_935_000)
+            .filter(|&n| {
+                let d = Duration::from_nanos(n);
+                ((d.as_secs_f64() * 1e9) as u64) < n
+            })
+            .count();
+        assert_eq!(early, 228);
+        for n in 16_997_934_000u64..16_997_935_000 {
+            let deadline = Duration::from_nanos(n);
+            let mut q = Events::new();
+            let mut alarm = Alarm::default();
+            let at = alarm
+                .plan(nanos(16.5), deadline)
+                .expect("nothing planned yet");
+            q.at_nanos(at, ());
+            // A second look before it rings plans nothing new.
+            assert_eq!(alarm.plan(nanos(16.6), deadline), None);
+            let (t, ()) = q.pop().expect("queued");
+            assert!(Duration::from_nanos(t) >= deadline, "{n}");
+            // Once it rang, the next deadline is planned again.
+            assert!(alarm.plan(t, deadline + Duration::from_secs(1)).is_some());
+        }
+    }
+
+    #[test]
+    fn events_at_one_time_are_handled_in_the_order_they_were_queued() {
+        let mut q = Events::new();
+        q.at(2.0, 'c');
+        q.at(1.0, 'a');
+        q.at(1.0, 'b');
+        let order: Vec<char> = std::iter::from_fn(|| q.pop().map(|(_, e)| e)).collect();
+        assert_eq!(order, ['a', 'b', 'c']);
     }
 
     #[test]
