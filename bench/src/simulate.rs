@@ -39,6 +39,7 @@ const FLAGS: &[&str] = &[
     "backups",
     "sharded-steps",
     "sharded-only",
+    "seeds",
 ];
 
 pub fn run(raw: &[String]) -> Result<()> {
@@ -210,6 +211,8 @@ pub fn run(raw: &[String]) -> Result<()> {
     let mut results = Vec::new();
     // The 1× deployments' settings, for the sharded design below.
     let mut bases: Vec<SimConfig> = Vec::new();
+    // The 48-node runs, repeated over seeds below.
+    let mut small: Vec<(String, SimConfig)> = Vec::new();
     for (label, key, nodes, steps, mult) in runs {
         let cfg = SimConfig {
             nodes,
@@ -229,6 +232,9 @@ pub fn run(raw: &[String]) -> Result<()> {
         };
         if mult == 1.0 {
             bases.push(cfg.clone());
+        }
+        if nodes == 48 {
+            small.push((label.clone(), cfg.clone()));
         }
         if sharded_only {
             continue;
@@ -282,6 +288,7 @@ pub fn run(raw: &[String]) -> Result<()> {
         .map(|p| layout.dcts[p].tiling.chunks() * layout.topk[p])
         .sum();
     sharded(&a, &mut md, &mut f, &bases, positions as u64, compute_secs)?;
+    spread(&a, &mut md, &mut f, &small, positions as u64, sharded_only)?;
     let seed48 = results.iter().find(|r| r.0 == "seed48");
     if let Some((_, nodes, free, net)) = seed48 {
         md.push_str(&format!(
@@ -323,9 +330,6 @@ fn sharded(
         0 => None,
         n => Some(n),
     };
-    if redundancy == 0 {
-        anyhow::bail!("--redundancy 0: every shard needs at least one aggregator");
-    }
     let timing = exchange::Timing::default();
     md.push_str(&format!(
         "\n### The sharded exchange (a design: the node does not run it yet)\n\n`net::exchange` is the data plane of issue 18's sharded exchange as a pure state machine (`net::sim_sharded` drives it with the real step machine in virtual time; unit tests cover liars, silent and colluding aggregators). One shard per member; each shard has {redundancy} aggregators drawn per step; a member pushes each aggregator its slice (signs, a Merkle path, a 100-byte envelope) and announces once every shard holds it somewhere; an aggregator sums the listed slices and gossips the signed hash; every node downloads each shard's sum once and takes it when the seats agree (or the rest are silent {:.0} s after the first); each node also recomputes {spots} shard(s) a step from their slices, and about {backups} nodes recompute a shard whose seat is silent. A sum is either the exact integer vote count (what `shard::sum` builds and `shard::check` proves wrong: ⌈log2(2·members+1)⌉ bits a position) or only its sign (2 bits: a different update rule, since the recipe's decoder takes signs after the inverse DCT of the summed votes, not before; its convergence is measured as *signagg* in the convergence table above, with 4 members only, where a sign sum loses little: a vote of 4–0 counts as one of 3–1; with hundreds of members it drops far more of the count, which is not measured). Same links, compute, failure rate, deadlines, seed and number of steps as the all-to-all run of the same deployment above; the baseline is the same design with no network cost. Upload and download are per node per step, in payloads ({}).\n\n| nodes | steps | sum | aggregate | s/step free | s/step links | contributors (free) | contributed-token efficiency | share of ideal (free → links) | upload mean (max) | download mean (max) | recomputations per node-step |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
@@ -337,22 +341,9 @@ fn sharded(
     );
     for base in bases {
         let nodes = base.nodes;
-        let steps = steps_override.unwrap_or(base.steps);
-        let full = (2.0 * nodes as f64 + 1.0).log2().ceil() as u32;
-        for (sum, bits) in [("integer", full), ("sign", 2)] {
-            let cfg = ShardedConfig {
-                base: SimConfig {
-                    steps,
-                    ..base.clone()
-                },
-                redundancy,
-                shards: 0,
-                spots,
-                backups,
-                positions,
-                sum_bits: bits,
-                timing,
-            };
+        for (sum, bits) in [("integer", 0), ("sign", 2)] {
+            let cfg = sharded_config(a, base, positions, bits)?;
+            let (steps, bits) = (cfg.base.steps, cfg.sum_bits);
             let wall = std::time::Instant::now();
             let free = simulate_sharded(&cfg, true);
             let net = simulate_sharded(&cfg, false);
@@ -427,6 +418,140 @@ fn sharded(
         timing.silent.as_secs_f64(),
     ));
     Ok(())
+}
+
+/// The 48-node runs again over `--seeds` seeds (node speeds, links and
+/// failures drawn anew), so the figures above come with their spread. The
+/// 1,000-node runs take minutes each and are not repeated.
+fn spread(
+    a: &Args,
+    md: &mut String,
+    f: &mut Figures,
+    small: &[(String, SimConfig)],
+    positions: u64,
+    sharded_only: bool,
+) -> Result<()> {
+    let seeds: u32 = a.get("seeds", 5)?;
+    if seeds == 0 {
+        return Ok(());
+    }
+    md.push_str(&format!(
+        "\n### Spread over seeds, 48 nodes\n\nThe same 48-node runs with {seeds} seeds (42 and up: node speeds, links and failed requests drawn anew each time), same settings otherwise. Mean (min–max).\n\n| run | share of ideal, free | share of ideal, links | contributed-token efficiency |\n|---|---|---|---|\n"
+    ));
+    println!("\nspread over {seeds} seeds, 48 nodes:");
+    // (label, key, one run per seed: share of ideal free, over links, and
+    // contributed-token efficiency)
+    let mut rows: Vec<(String, String, Vec<[f64; 3]>)> = Vec::new();
+    for (label, cfg) in small {
+        let key = if cfg.compute_secs > small[0].1.compute_secs {
+            "seed48_x4"
+        } else {
+            "seed48"
+        };
+        if !sharded_only {
+            let runs = (0..seeds)
+                .map(|k| {
+                    let c = SimConfig {
+                        seed: 42 + k as u64,
+                        ..cfg.clone()
+                    };
+                    let (free, net) = (simulate(&c, true), simulate(&c, false));
+                    [
+                        share_of_ideal(&free, &c),
+                        share_of_ideal(&net, &c),
+                        net.contributed_efficiency(&free),
+                    ]
+                })
+                .collect();
+            rows.push((format!("all-to-all, {label}"), key.to_string(), runs));
+        }
+        if key == "seed48" {
+            for (sum, bits) in [("integer", 0), ("sign", 2)] {
+                let runs = (0..seeds)
+                    .map(|k| {
+                        let c = SimConfig {
+                            seed: 42 + k as u64,
+                            ..cfg.clone()
+                        };
+                        let s = sharded_config(a, &c, positions, bits)?;
+                        let (free, net) = (simulate_sharded(&s, true), simulate_sharded(&s, false));
+                        Ok([
+                            share_of_ideal(&free.run, &c),
+                            share_of_ideal(&net.run, &c),
+                            net.run.contributed_efficiency(&free.run),
+                        ])
+                    })
+                    .collect::<Result<_>>()?;
+                rows.push((
+                    format!("sharded, {sum} sums"),
+                    format!("sharded48_{sum}"),
+                    runs,
+                ));
+            }
+        }
+    }
+    for (label, key, runs) in rows {
+        let stat = |i: usize| {
+            let v: Vec<f64> = runs.iter().map(|r| r[i]).collect();
+            let mean = v.iter().sum::<f64>() / v.len() as f64;
+            let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+            let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            (mean, lo, hi)
+        };
+        let cells: Vec<String> = (0..3)
+            .map(|i| {
+                let (m, lo, hi) = stat(i);
+                format!("{m:.3} ({lo:.3}–{hi:.3})")
+            })
+            .collect();
+        let line = format!("| {label} | {} |", cells.join(" | "));
+        println!("{line}");
+        md.push_str(&line);
+        md.push('\n');
+        for (i, name) in [
+            "share_of_ideal_free",
+            "share_of_ideal",
+            "contributed_token_efficiency",
+        ]
+        .iter()
+        .enumerate()
+        {
+            let (m, lo, hi) = stat(i);
+            f.num(&format!("{key}_seeds_{name}_mean"), m)
+                .num(&format!("{key}_seeds_{name}_min"), lo)
+                .num(&format!("{key}_seeds_{name}_max"), hi);
+        }
+    }
+    f.num("seeds", seeds as f64);
+    Ok(())
+}
+
+/// The sharded design over the deployment `base`, with the aggregators,
+/// spot checks and backups the flags ask for; `bits` 0 means integer sums
+/// (as many bits as the vote count needs).
+fn sharded_config(a: &Args, base: &SimConfig, positions: u64, bits: u32) -> Result<ShardedConfig> {
+    let redundancy: usize = a.get("redundancy", 2)?;
+    if redundancy == 0 {
+        anyhow::bail!("--redundancy 0: every shard needs at least one aggregator");
+    }
+    let steps = match a.get("sharded-steps", 0u32)? {
+        0 => base.steps,
+        n => n,
+    };
+    let full = (2.0 * base.nodes as f64 + 1.0).log2().ceil() as u32;
+    Ok(ShardedConfig {
+        base: SimConfig {
+            steps,
+            ..base.clone()
+        },
+        redundancy,
+        shards: 0,
+        spots: a.get("spots", 1)?,
+        backups: a.get("backups", 4)?,
+        positions,
+        sum_bits: if bits == 0 { full } else { bits },
+        timing: exchange::Timing::default(),
+    })
 }
 
 /// Contributions applied per second as a share of the ideal: every member
