@@ -134,7 +134,8 @@ pub fn run(raw: &[String]) -> Result<()> {
             timing.fallback.as_secs_f64()
         ),
         "*contributed-token efficiency*: contributions in the manifests the nodes applied per second (each is one member's tokens for one step), divided by the same in the run with no network cost (the issue's definition); a payload left out of its step's manifest was computed for nothing. *Share of ideal*: the same rate divided by every member contributing every step at the mean compute pace with one apply a step (nodes ÷ (compute + apply) contributions a second): unlike the ratio to the free run, it cannot call a run efficient whose free baseline already leaves most contributions out. *Step-time ratio*: seconds per step with no network ÷ with home links".into(),
-        "not modelled (the simulator is still kinder than the node here): audits, reveals and rewinds; gossip costs no uplink share".into(),
+        "rewinds: a node that took a manifest that a better-ranked one then replaces goes back to the state before that step and applies again from there, each apply costing its time again (sharded, the sums are summed and checked again for the new manifest)".into(),
+        "not modelled (the simulator is still kinder than the node here): audits and reveals; a state download after a rewind past the kept states; gossip costs no uplink share".into(),
         "heartbeats: no node dies in these runs and the node sends one every 0.5 s, so every member counts as heard from all the time (a leader waiting out its collect window is never taken for gone); their bytes are not counted".into(),
     ];
     println!("simulate: assumptions");
