@@ -128,6 +128,34 @@ pub fn aggregators(
         .collect())
 }
 
+/// Per shard, the seats that take it over when none of its aggregators
+/// signs a sum (they are taken for dead): `redundancy` members from a
+/// second shuffle (`draw`, which must differ from the seats' own), never
+/// one of the shard's seats, and fewer only when too few members are left.
+pub fn reserve(
+    members: &[u32],
+    seats: &[Vec<u32>],
+    redundancy: usize,
+    draw: Draw,
+) -> Vec<Vec<u32>> {
+    let mut order = members.to_vec();
+    order.sort_unstable();
+    order.dedup();
+    draw.shuffle(&mut order);
+    let n = order.len();
+    seats
+        .iter()
+        .enumerate()
+        .map(|(s, seat)| {
+            (0..n)
+                .map(|j| order[(s * redundancy + j) % n])
+                .filter(|m| !seat.contains(m))
+                .take(redundancy)
+                .collect()
+        })
+        .collect()
+}
+
 /// A member's signs in one shard, in order (true = negative): what it
 /// sends that shard's aggregators.
 pub fn slice(shard: &Shard, layout: &Layout, payload: &Payload) -> Vec<bool> {
@@ -341,6 +369,24 @@ mod tests {
         let reversed: Vec<u32> = members.iter().rev().copied().collect();
         assert_eq!(a, aggregators(&reversed, 16, 3, Draw(1)).unwrap());
         assert!(aggregators(&members, 16, 11, Draw(1)).is_err());
+    }
+
+    #[test]
+    fn reserve_seats_are_never_the_shards_own_and_every_caller_draws_the_same() {
+        let members: Vec<u32> = (0..10).collect();
+        let seats = aggregators(&members, 10, 2, Draw(1)).unwrap();
+        let r = reserve(&members, &seats, 2, Draw(9));
+        assert_eq!(r.len(), 10);
+        for (seat, res) in seats.iter().zip(&r) {
+            assert_eq!(res.len(), 2);
+            assert!(res.iter().all(|m| !seat.contains(m)), "{seat:?} {res:?}");
+            assert_ne!(res[0], res[1]);
+        }
+        let reversed: Vec<u32> = members.iter().rev().copied().collect();
+        assert_eq!(r, reserve(&reversed, &seats, 2, Draw(9)));
+        // With only the seats themselves as members, there is no reserve.
+        let two = aggregators(&[3, 4], 1, 2, Draw(1)).unwrap();
+        assert_eq!(reserve(&[3, 4], &two, 2, Draw(9)), vec![Vec::<u32>::new()]);
     }
 
     #[test]

@@ -38,10 +38,18 @@
 //!    seats, so every node doing it would only bury slow seats.
 //! 5. When every shard's sum is accepted the step applies.
 //!
+//! 6. A shard none of whose seats signed within `reseat` of the manifest
+//!    (its seats are taken for dead) goes to its reserve seats, drawn for
+//!    the step apart from its own (`shard::reserve`): they fetch the listed
+//!    slices from the members, sum and sign as any seat. A reserve seat's
+//!    signed hash moves the shard at a node that had not timed out yet.
+//!
+//! Sums name the manifest they sum (`ManifestId`): a step can have two for
+//! a while, and seats that summed different lists are not liars.
+//!
 //! Not handled here: a member listed in a manifest whose slices no holder
 //! serves stalls the step (a fall-back manifest without it is the step
-//! machine's job); a shard whose seats are all dead stalls it too (other
-//! seats for the step, drawn as fall-back leaders are, would end it);
+//! machine's job); a shard whose reserve seats are dead too stalls it;
 //! equivocating aggregators keep their first hash.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -70,6 +78,10 @@ pub struct Timing {
     /// A shard none of whose aggregators has signed a sum this long after
     /// the manifest is recomputed from its slices by its backups.
     pub silent: Duration,
+    /// A shard none of whose aggregators has signed a sum this long after
+    /// the manifest is handed to its reserve seats: its seats are taken
+    /// for dead (a slow seat has had three times `silent`).
+    pub reseat: Duration,
 }
 
 impl Default for Timing {
@@ -79,6 +91,7 @@ impl Default for Timing {
             wait: Duration::from_secs(2),
             agree: Duration::from_secs(5),
             silent: Duration::from_secs(10),
+            reseat: Duration::from_secs(30),
         }
     }
 }
@@ -181,6 +194,11 @@ struct Recv {
     spot: bool,
     /// Recompute if a seat stays silent.
     backup: bool,
+    /// When the shard went to its reserve seats, if it did.
+    reseated: Option<Duration>,
+    /// Hashes reserve seats signed before this node moved the shard to
+    /// them: kept for when it does.
+    early: Vec<(u32, ManifestId, Hash)>,
     truth: Option<Hash>,
     accepted: Option<Hash>,
     convicted: BTreeSet<usize>,
@@ -189,6 +207,8 @@ struct Recv {
 #[derive(Debug)]
 struct Step {
     seats: Vec<Vec<u32>>,
+    /// Per shard, the seats that take it over if its own stay silent.
+    reserve: Vec<Vec<u32>>,
     members: Option<Vec<u32>>,
     manifest: Option<ManifestId>,
     manifest_at: Option<Duration>,
@@ -218,6 +238,55 @@ pub struct Exchange {
     out: Vec<Action>,
 }
 
+impl Step {
+    /// Hands shard `s` to its reserve seats: they fetch every listed slice
+    /// from the members, sum and sign as any seat; receivers start over
+    /// on the new seats. Returns the times to look at the shard again.
+    fn reseat(&mut self, s: usize, now: Duration, me: u32, timing: &Timing) -> Vec<Duration> {
+        let seats = self.reserve[s].clone();
+        let old = std::mem::take(&mut self.recv[s]);
+        let mut hashes = vec![None; seats.len()];
+        for (from, m, h) in old.early {
+            if let Some(i) = seats.iter().position(|&a| a == from) {
+                hashes[i].get_or_insert((m, h));
+            }
+        }
+        let first_at = hashes
+            .iter()
+            .any(|h: &Option<(ManifestId, Hash)>| h.is_some_and(|(m, _)| Some(m) == self.manifest))
+            .then_some(now);
+        self.recv[s] = Recv {
+            hashes,
+            first_at,
+            recompute: old.spot,
+            spot: old.spot,
+            backup: old.backup,
+            truth: old.truth,
+            reseated: Some(now),
+            ..Recv::default()
+        };
+        self.agg.remove(&(s as u32));
+        if seats.contains(&me) {
+            let mut a = Agg::default();
+            if self.computed {
+                a.held.insert(me);
+            }
+            if let Some(listed) = &self.members {
+                a.asking = listed
+                    .iter()
+                    .filter(|m| !a.held.contains(m))
+                    .map(|&m| (m, (0, false)))
+                    .collect();
+                a.missing = a.asking.len();
+                a.fetch_from = Some(now);
+            }
+            self.agg.insert(s as u32, a);
+        }
+        self.seats[s] = seats;
+        vec![now, now + timing.silent, now + timing.agree]
+    }
+}
+
 impl Exchange {
     pub fn new(me: u32, timing: Timing) -> Self {
         Self {
@@ -230,14 +299,17 @@ impl Exchange {
         }
     }
 
-    /// Opens `step` with its seats (per shard, its aggregators), the shards
-    /// this node recomputes itself every time (`spots`) and those it
-    /// recomputes only if one of their aggregators stays silent
-    /// (`backups`), both chosen by a seed only this node knows.
+    /// Opens `step` with its seats (per shard, its aggregators), the seats
+    /// that take a shard over if none of its own signs within `reseat` of
+    /// the manifest (`shard::reserve`; empty: none), the shards this node
+    /// recomputes itself every time (`spots`) and those it recomputes only
+    /// if one of their aggregators stays silent (`backups`), both chosen by
+    /// a seed only this node knows.
     pub fn open(
         &mut self,
         step: u32,
         seats: Vec<Vec<u32>>,
+        reserve: Vec<Vec<u32>>,
         spots: &BTreeSet<u32>,
         backups: &BTreeSet<u32>,
     ) {
@@ -263,6 +335,7 @@ impl Exchange {
             step,
             Step {
                 seats,
+                reserve,
                 members: None,
                 manifest: None,
                 manifest_at: None,
@@ -423,6 +496,7 @@ impl Exchange {
                     recompute: r.spot,
                     spot: r.spot,
                     backup: r.backup,
+                    reseated: r.reseated,
                     ..Recv::default()
                 };
             }
@@ -462,6 +536,7 @@ impl Exchange {
         for s in 0..st.seats.len() as u32 {
             self.dirty.insert((step, s));
             self.timers.insert((now + self.timing.silent, step, s));
+            self.timers.insert((now + self.timing.reseat, step, s));
         }
         Verdict::Accepted
     }
@@ -480,14 +555,40 @@ impl Exchange {
         let Some(st) = self.steps.get_mut(&step) else {
             return Verdict::UnknownStep;
         };
+        let s = shard as usize;
+        // A reserve seat signs only once it took the shard over, so its
+        // hash shows the seats were taken for dead somewhere. It is kept
+        // for this node's own move, which it brings forward by at most
+        // `agree`: a reserve seat cannot take a shard over at will.
+        if st.seats.get(s).is_some_and(|seats| !seats.contains(&from))
+            && st.reserve.get(s).is_some_and(|r| r.contains(&from))
+            && st.recv[s].reseated.is_none()
+        {
+            let r = &mut st.recv[s];
+            if r.early.iter().any(|e| e.0 == from && e.1 == manifest) {
+                return Verdict::Duplicate;
+            }
+            r.early.push((from, manifest, hash));
+            let due = st
+                .manifest_at
+                .is_some_and(|t| t + self.timing.reseat <= now + self.timing.agree);
+            if !due {
+                return Verdict::Accepted;
+            }
+            for t in st.reseat(s, now, self.me, &self.timing) {
+                self.timers.insert((t, step, shard));
+            }
+            self.dirty.insert((step, shard));
+            return Verdict::Accepted;
+        }
         let Some(seat) = st
             .seats
-            .get(shard as usize)
+            .get(s)
             .and_then(|seats| seats.iter().position(|&a| a == from))
         else {
             return Verdict::NotASeat;
         };
-        let r = &mut st.recv[shard as usize];
+        let r = &mut st.recv[s];
         // A second hash for the same manifest is an equivocation: the
         // first stands. One for another manifest replaces a hash for an
         // outranked one (the seat summed again).
@@ -702,6 +803,21 @@ impl Exchange {
                 }
             }
         }
+        // Seats taken for dead: the shard goes to its reserve seats.
+        if st.recv[s].reseated.is_none()
+            && !st.reserve[s].is_empty()
+            && st.manifest_at.is_some_and(|t| t + timing.reseat <= now)
+            && !st.recv[s]
+                .hashes
+                .iter()
+                .any(|h| h.is_some_and(|(m, _)| m == manifest))
+        {
+            for t in st.reseat(s, now, me, &timing) {
+                self.timers.insert((t, step, shard));
+            }
+            self.dirty.insert((step, shard));
+            return;
+        }
         // The receiver's side.
         let seats = &st.seats[s];
         let r = &mut st.recv[s];
@@ -736,8 +852,8 @@ impl Exchange {
             // a silent partner. Not every node: a recomputation fetches the
             // shard's slices from its seats, so a thousand nodes doing it
             // would bury slow seats under a payload each.
-            let orphan =
-                signed.is_empty() && st.manifest_at.is_some_and(|t| t + timing.silent <= now);
+            let since = r.reseated.or(st.manifest_at);
+            let orphan = signed.is_empty() && since.is_some_and(|t| t + timing.silent <= now);
             if disagree || ((orphan || silent) && r.backup) {
                 r.recompute = true;
             }
@@ -864,12 +980,28 @@ mod tests {
             spots: impl Fn(u32) -> BTreeSet<u32>,
             backups: impl Fn(u32) -> BTreeSet<u32>,
         ) -> Self {
+            Self::with_reserve(n, shards, r, spots, backups, true)
+        }
+
+        fn with_reserve(
+            n: u32,
+            shards: usize,
+            r: usize,
+            spots: impl Fn(u32) -> BTreeSet<u32>,
+            backups: impl Fn(u32) -> BTreeSet<u32>,
+            reserve: bool,
+        ) -> Self {
             let members: Vec<u32> = (0..n).collect();
             let seats = shard::aggregators(&members, shards, r, Draw(7)).unwrap();
+            let reserve = if reserve {
+                shard::reserve(&members, &seats, r, Draw(8))
+            } else {
+                vec![Vec::new(); shards]
+            };
             let nodes = (0..n)
                 .map(|i| {
                     let mut x = Exchange::new(i, Timing::default());
-                    x.open(0, seats.clone(), &spots(i), &backups(i));
+                    x.open(0, seats.clone(), reserve.clone(), &spots(i), &backups(i));
                     x
                 })
                 .collect();
@@ -1327,9 +1459,92 @@ mod tests {
         assert_eq!(x.on_evidence(0, 0, [0xBB; 32]), Verdict::OtherManifest);
     }
 
+    /// Shard 0's two seats die after the step's payloads are computed
+    /// (they contribute nothing); the others compute, are listed, and run
+    /// until nothing is left to do.
+    fn dead_seats(reserve: bool) -> (World, Vec<u32>) {
+        let mut w = World::with_reserve(8, 8, 2, none, none, reserve);
+        let dead = w.seats[0].clone();
+        for &a in &dead {
+            w.silent.insert(a);
+        }
+        let alive: Vec<u32> = (0..8).filter(|i| !dead.contains(i)).collect();
+        for &i in &alive {
+            w.nodes[i as usize].on_computed(0);
+        }
+        w.settle();
+        let listed: Vec<u32> = w.announced.iter().copied().collect();
+        assert_eq!(listed, alive);
+        for &i in &alive {
+            w.nodes[i as usize].on_manifest(w.now, 0, M, &listed);
+        }
+        w.run();
+        (w, alive)
+    }
+
+    #[test]
+    fn without_reserve_seats_a_shard_whose_seats_are_all_dead_stalls_the_step() {
+        // Why reserve seats exist: nobody can sum shard 0, so nobody applies.
+        let (w, alive) = dead_seats(false);
+        assert!(
+            alive.iter().all(|i| !w.applied.contains_key(i)),
+            "{:?}",
+            w.applied
+        );
+    }
+
+    #[test]
+    fn a_shard_whose_seats_are_all_dead_goes_to_its_reserve_seats_and_the_step_applies() {
+        let (w, alive) = dead_seats(true);
+        for i in &alive {
+            assert_eq!(w.applied.get(i), Some(&vec![0]), "{:?}", w.applied);
+            assert_eq!(w.nodes[*i as usize].accepted(0, 0), Some(truth(0)));
+        }
+        // Only after `reseat`, and nobody convicted: silence is not proof.
+        assert!(w.now >= Timing::default().reseat);
+        assert!(w.convicted.is_empty());
+        // The reserve seats summed it.
+        let reserve = shard::reserve(&(0..8).collect::<Vec<u32>>(), &w.seats, 2, Draw(8));
+        for a in &reserve[0] {
+            assert_eq!(w.signed.get(&(0, *a)), Some(&truth(0)));
+        }
+    }
+
+    #[test]
+    fn a_reserve_seat_cannot_take_a_shard_over_before_its_seats_are_overdue() {
+        let mut w = World::new(8, 8, 2, none, none);
+        let members: Vec<u32> = (0..8).collect();
+        let reserve = shard::reserve(&members, &w.seats, 2, Draw(8));
+        let r0 = reserve[0][0];
+        for x in &mut w.nodes {
+            x.on_computed(0);
+        }
+        w.settle();
+        for x in &mut w.nodes {
+            x.on_manifest(w.now, 0, M, &members);
+        }
+        // At once, a reserve seat of shard 0 signs a sum for it: kept, not
+        // acted on.
+        for x in &mut w.nodes {
+            assert_eq!(
+                x.on_sum_hash(w.now, 0, 0, r0, M, [LIE; 32]),
+                Verdict::Accepted
+            );
+        }
+        w.run();
+        assert!(w.everyone_applied_once(), "{:?}", w.applied);
+        // The seats' true sum stands; the reserve seat's hash never
+        // counted (it would have disagreed with its partner's).
+        for x in &w.nodes {
+            assert_eq!(x.accepted(0, 0), Some(truth(0)));
+        }
+        assert!(w.convicted.is_empty() && w.rewound.is_empty());
+    }
+
     #[test]
     fn inputs_for_unknown_steps_or_seats_change_nothing() {
-        let mut w = World::new(4, 4, 2, none, none);
+        // (No reserve seats: with four members every outsider is one.)
+        let mut w = World::with_reserve(4, 4, 2, none, none, false);
         let outsider = (0..4).find(|i| !w.seats[0].contains(i)).unwrap();
         let x = &mut w.nodes[0];
         assert_eq!(x.on_slice(9, 0, 1), Verdict::UnknownStep);

@@ -212,6 +212,10 @@ struct Node {
 
 const TRUE_SUM: Hash = [1; 32];
 
+/// Mixed into a step's draw for its reserve seats, so they are drawn apart
+/// from its seats.
+const RESERVE_DRAW: u64 = 0x7265_7365_7276_6521;
+
 fn hash_of(step: u32, member: u32) -> [u8; 32] {
     let mut h = [0u8; 32];
     h[..4].copy_from_slice(&step.to_le_bytes());
@@ -237,6 +241,17 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
                 Draw::for_step(&job, t),
             )
             .expect("redundancy within the member count")
+        })
+        .collect();
+    let reserve: Vec<Vec<Vec<u32>>> = (0..base.steps)
+        .map(|t| {
+            let draw = Draw(Draw::for_step(&job, t).0 ^ RESERVE_DRAW);
+            shard::reserve(
+                &members,
+                &seats[t as usize],
+                cfg.redundancy.min(n as usize),
+                draw,
+            )
         })
         .collect();
     let huge = 1e30;
@@ -295,7 +310,13 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
             // Each shard is a backup of about `backups` nodes.
             let p = cfg.backups as f64 / n as f64;
             let backups: BTreeSet<u32> = (0..shards as u32).filter(|_| pick.next() < p).collect();
-            x.ex.open(t, seats[t as usize].clone(), &spots, &backups);
+            x.ex.open(
+                t,
+                seats[t as usize].clone(),
+                reserve[t as usize].clone(),
+                &spots,
+                &backups,
+            );
             x.opened += 1;
         }
     };
