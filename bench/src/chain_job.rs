@@ -4,7 +4,7 @@
 //! transactions come from the chain's own history (`getSignaturesForAddress`)
 //! and its balance from `getBalance`, not from counters in the node.
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
 use cohort_app::chain::keys;
 use solana_rpc_client::nonblocking::rpc_client::RpcClient;
 use solana_sdk::message::Message;
@@ -67,17 +67,7 @@ fn ok(c: &mut Command, what: &str) -> Result<String> {
 
 /// Four free consecutive loopback ports: each node takes base + its index.
 fn p2p_base() -> Result<u16> {
-    for _ in 0..100 {
-        let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-        let base = l.local_addr()?.port();
-        drop(l);
-        if base < 65000
-            && (1..4).all(|i| std::net::TcpListener::bind(("127.0.0.1", base + i)).is_ok())
-        {
-            return Ok(base);
-        }
-    }
-    bail!("no four free consecutive ports on loopback")
+    cohort_engine::net::ports::free_base(4).context("picking loopback ports")
 }
 
 pub fn run(bin: &Path, nodes: usize, epochs: u32, steps_per_epoch: u32) -> Result<Measured> {

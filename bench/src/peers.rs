@@ -8,14 +8,9 @@ use std::process::Command;
 
 /// `n` loopback ports free at the time of asking.
 pub fn free_ports(n: usize) -> Result<Vec<u16>> {
-    (0..n)
-        .map(|_| {
-            std::net::TcpListener::bind("127.0.0.1:0")
-                .and_then(|l| l.local_addr())
-                .map(|a| a.port())
-        })
-        .collect::<std::io::Result<_>>()
-        .context("picking loopback ports")
+    let n = u16::try_from(n).context("too many members for one host")?;
+    let base = cohort_engine::net::ports::free_base(n).context("picking loopback ports")?;
+    Ok((base..base + n).collect())
 }
 
 /// Has member `me` dial every other member at its port.

@@ -24,11 +24,7 @@ static SERIAL: Mutex<()> = Mutex::new(());
 const PEER: &str = env!("CARGO_BIN_EXE_cohort-peer");
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    cohort_engine::net::ports::free_base(1).expect("a free loopback port")
 }
 
 fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {

@@ -573,19 +573,11 @@ async fn settle(
     Ok(())
 }
 
-/// `n` consecutive free TCP ports on loopback (member i listens on base + i).
+/// `n` consecutive free TCP ports on loopback (member i listens on base +
+/// i), outside the kernel's range for outgoing connections, so a member
+/// that restarts finds its port still free.
 pub fn free_port_base(n: u16) -> Result<u16> {
-    for _ in 0..50 {
-        let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-        let base = l.local_addr()?.port();
-        drop(l);
-        if base < 65535 - n
-            && (1..n).all(|i| std::net::TcpListener::bind(("127.0.0.1", base + i)).is_ok())
-        {
-            return Ok(base);
-        }
-    }
-    bail!("no {n} consecutive free ports on 127.0.0.1")
+    cohort_engine::net::ports::free_base(n).context("picking loopback ports")
 }
 
 async fn find_job(chain: &Chain, pk: &Pubkey, report: Report<'_>) -> Result<Pubkey> {

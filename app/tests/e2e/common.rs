@@ -139,16 +139,7 @@ pub fn field(status: &str, key: &str) -> String {
 
 /// Four free consecutive TCP ports on loopback for the P2P layer.
 pub fn p2p_base() -> u16 {
-    loop {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let base = l.local_addr().unwrap().port();
-        drop(l);
-        if base < 65000
-            && (1..4).all(|i| std::net::TcpListener::bind(("127.0.0.1", base + i)).is_ok())
-        {
-            return base;
-        }
-    }
+    cohort_engine::net::ports::free_base(4).expect("four free loopback ports")
 }
 
 /// Funds the requester and posts a two-epoch job; returns its address.

@@ -6,7 +6,8 @@
 //! [`node`] runs one member: its network task, with the training thread
 //! in `train` and a witness's audits in `guard`, configured and reporting
 //! through [`events`]; [`peer`] is
-//! the command line that runs a member as its own OS process.
+//! the command line that runs a member as its own OS process; [`ports`]
+//! picks loopback ports for local jobs and tests.
 
 pub mod diverge;
 pub mod events;
@@ -15,6 +16,7 @@ mod guard;
 pub mod msg;
 pub mod node;
 pub mod peer;
+pub mod ports;
 pub mod shaper;
 pub mod sim;
 pub mod sim_sharded;

@@ -122,7 +122,7 @@ fn relay_server(args: &[String]) -> Result<(), String> {
         for a in listen {
             swarm
                 .listen_on(a.clone())
-                .map_err(|e| format!("cannot listen on {a}: {e}"))?;
+                .map_err(|e| format!("cannot listen on {a}: {}", super::swarm::describe(&e)))?;
         }
         loop {
             match swarm.select_next_some().await {

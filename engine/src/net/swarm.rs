@@ -336,6 +336,26 @@ pub fn build_relay(
     Ok(swarm)
 }
 
+/// An error and its causes in words. libp2p's transport errors can print
+/// as nothing at all ("cannot listen on …: "), their cause being one level
+/// down; with no words anywhere, the debug form.
+pub fn describe(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        let s = err.to_string();
+        if !s.is_empty() && !parts.contains(&s) {
+            parts.push(s);
+        }
+        cur = err.source();
+    }
+    if parts.is_empty() {
+        format!("{e:?}")
+    } else {
+        parts.join(": ")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

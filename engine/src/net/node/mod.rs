@@ -1058,9 +1058,9 @@ pub async fn run_with_control(
     )?;
     let mut swarm = swarm::build(&key, cfg.link, cfg.mdns)?;
     for a in &cfg.listen {
-        swarm
-            .listen_on(a.clone())
-            .map_err(|e| NodeError::Config(format!("cannot listen on {a}: {e}")))?;
+        swarm.listen_on(a.clone()).map_err(|e| {
+            NodeError::Config(format!("cannot listen on {a}: {}", swarm::describe(&e)))
+        })?;
     }
     // Relayed addresses are dialed by `redial` (see `may_dial_relayed`).
     for a in cfg.bootstrap.iter().filter(|a| !is_relayed(a)) {
