@@ -238,6 +238,20 @@ pub struct Exchange {
     out: Vec<Action>,
 }
 
+impl Agg {
+    /// The manifest lists `listed`: what this aggregator still lacks of
+    /// them, fetched from `from` on.
+    fn ask_for(&mut self, listed: &[u32], from: Duration) {
+        self.asking = listed
+            .iter()
+            .filter(|m| !self.held.contains(m))
+            .map(|&m| (m, (0, false)))
+            .collect();
+        self.missing = self.asking.len();
+        self.fetch_from = Some(from);
+    }
+}
+
 impl Step {
     /// Hands shard `s` to its reserve seats: they fetch every listed slice
     /// from the members, sum and sign as any seat; receivers start over
@@ -272,13 +286,7 @@ impl Step {
                 a.held.insert(me);
             }
             if let Some(listed) = &self.members {
-                a.asking = listed
-                    .iter()
-                    .filter(|m| !a.held.contains(m))
-                    .map(|&m| (m, (0, false)))
-                    .collect();
-                a.missing = a.asking.len();
-                a.fetch_from = Some(now);
+                a.ask_for(listed, now);
             }
             self.agg.insert(s as u32, a);
         }
@@ -521,13 +529,7 @@ impl Exchange {
         listed.sort_unstable();
         listed.dedup();
         for (&s, a) in st.agg.iter_mut() {
-            a.asking = listed
-                .iter()
-                .filter(|m| !a.held.contains(m))
-                .map(|&m| (m, (0, false)))
-                .collect();
-            a.missing = a.asking.len();
-            a.fetch_from = Some(now + self.timing.wait);
+            a.ask_for(&listed, now + self.timing.wait);
             self.timers.insert((now + self.timing.wait, step, s));
             self.dirty.insert((step, s));
         }
