@@ -253,34 +253,51 @@ impl Agg {
 }
 
 impl Step {
-    /// Hands shard `s` to its reserve seats: they fetch every listed slice
-    /// from the members, sum and sign as any seat; receivers start over
-    /// on the new seats. Returns the times to look at the shard again.
+    /// Whether shard `s` may go to its reserve seats: it has some, it has
+    /// not gone yet, and nothing decided it (no seat signed for the
+    /// current manifest, no sum accepted, none recomputed).
+    fn may_reseat(&self, s: usize) -> bool {
+        let r = &self.recv[s];
+        self.reserve.get(s).is_some_and(|x| !x.is_empty())
+            && r.reseated.is_none()
+            && r.accepted.is_none()
+            && r.truth.is_none()
+            && !r
+                .hashes
+                .iter()
+                .any(|h| h.is_some_and(|(m, _)| Some(m) == self.manifest))
+    }
+
+    /// Adds shard `s`'s reserve seats to its seats: they fetch every listed
+    /// slice from the members, sum and sign as any seat. The old seats
+    /// still count, so a late hash of theirs is not lost, and nodes that
+    /// moved the shard and nodes that did not yet cannot split over it.
+    /// Returns the times to look at the shard again.
     fn reseat(&mut self, s: usize, now: Duration, me: u32, timing: &Timing) -> Vec<Duration> {
-        let seats = self.reserve[s].clone();
-        let old = std::mem::take(&mut self.recv[s]);
-        let mut hashes = vec![None; seats.len()];
-        for (from, m, h) in old.early {
-            if let Some(i) = seats.iter().position(|&a| a == from) {
-                hashes[i].get_or_insert((m, h));
-            }
+        let reserve = self.reserve[s].clone();
+        let manifest = self.manifest;
+        let r = &mut self.recv[s];
+        r.reseated = Some(now);
+        for &a in &reserve {
+            // The hash this reserve seat signed for the current manifest,
+            // else any it signed.
+            let early = r
+                .early
+                .iter()
+                .find(|e| e.0 == a && Some(e.1) == manifest)
+                .or_else(|| r.early.iter().find(|e| e.0 == a))
+                .map(|e| (e.1, e.2));
+            r.hashes.push(early);
         }
-        let first_at = hashes
-            .iter()
-            .any(|h: &Option<(ManifestId, Hash)>| h.is_some_and(|(m, _)| Some(m) == self.manifest))
-            .then_some(now);
-        self.recv[s] = Recv {
-            hashes,
-            first_at,
-            recompute: old.spot,
-            spot: old.spot,
-            backup: old.backup,
-            truth: old.truth,
-            reseated: Some(now),
-            ..Recv::default()
-        };
-        self.agg.remove(&(s as u32));
-        if seats.contains(&me) {
+        r.early.clear();
+        if r.first_at.is_none()
+            && r.hashes
+                .iter()
+                .any(|h| h.is_some_and(|(m, _)| Some(m) == manifest))
+        {
+            r.first_at = Some(now);
+        }
+        if reserve.contains(&me) && !self.agg.contains_key(&(s as u32)) {
             let mut a = Agg::default();
             if self.computed {
                 a.held.insert(me);
@@ -290,7 +307,7 @@ impl Step {
             }
             self.agg.insert(s as u32, a);
         }
-        self.seats[s] = seats;
+        self.seats[s].extend(reserve);
         vec![now, now + timing.silent, now + timing.agree]
     }
 }
@@ -574,7 +591,7 @@ impl Exchange {
             let due = st
                 .manifest_at
                 .is_some_and(|t| t + self.timing.reseat <= now + self.timing.agree);
-            if !due {
+            if !due || !st.may_reseat(s) {
                 return Verdict::Accepted;
             }
             for t in st.reseat(s, now, self.me, &self.timing) {
@@ -596,6 +613,13 @@ impl Exchange {
         // outranked one (the seat summed again).
         if r.hashes[seat].is_some_and(|(m, _)| m == manifest) {
             return Verdict::Duplicate;
+        }
+        // A hash for the manifest this node takes is never replaced by
+        // one for another (hashes can arrive out of order).
+        if st.manifest != Some(manifest)
+            && r.hashes[seat].is_some_and(|(m, _)| st.manifest == Some(m))
+        {
+            return Verdict::OtherManifest;
         }
         r.hashes[seat] = Some((manifest, hash));
         match st.manifest {
@@ -806,14 +830,7 @@ impl Exchange {
             }
         }
         // Seats taken for dead: the shard goes to its reserve seats.
-        if st.recv[s].reseated.is_none()
-            && !st.reserve[s].is_empty()
-            && st.manifest_at.is_some_and(|t| t + timing.reseat <= now)
-            && !st.recv[s]
-                .hashes
-                .iter()
-                .any(|h| h.is_some_and(|(m, _)| m == manifest))
-        {
+        if st.manifest_at.is_some_and(|t| t + timing.reseat <= now) && st.may_reseat(s) {
             for t in st.reseat(s, now, me, &timing) {
                 self.timers.insert((t, step, shard));
             }
@@ -1541,6 +1558,29 @@ mod tests {
             assert_eq!(x.accepted(0, 0), Some(truth(0)));
         }
         assert!(w.convicted.is_empty() && w.rewound.is_empty());
+    }
+
+    #[test]
+    fn a_reserve_seat_cannot_move_a_shard_already_decided() {
+        // (A review's case: a shard accepted at once, then a reserve seat's
+        // hash near the reseat deadline moved it, counted it twice and let
+        // the reserve seat's sum replace the agreed one without a rewind.)
+        let mut w = World::new(8, 8, 2, none, none);
+        w.step();
+        assert!(w.everyone_applied_once());
+        let members: Vec<u32> = (0..8).collect();
+        let reserve = shard::reserve(&members, &w.seats, 2, Draw(8));
+        let late = Timing::default().reseat;
+        for x in &mut w.nodes {
+            x.on_sum_hash(late, 0, 0, reserve[0][0], M, [LIE; 32]);
+        }
+        w.now = w.now.max(late);
+        w.run();
+        assert!(w.everyone_applied_once(), "{:?}", w.applied);
+        assert!(w.rewound.is_empty() && w.convicted.is_empty());
+        for x in &w.nodes {
+            assert_eq!(x.accepted(0, 0), Some(truth(0)));
+        }
     }
 
     #[test]

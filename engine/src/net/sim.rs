@@ -217,6 +217,8 @@ struct Node {
     contributions: BTreeMap<u32, u64>,
     /// Rewinds so far: an apply begun before the latest is void.
     rewinds: u32,
+    /// The step being applied, if any.
+    applying: Option<u32>,
     next_compute: u32,
     busy: bool,
     ready: VecDeque<u32>,
@@ -335,6 +337,7 @@ pub fn simulate(cfg: &SimConfig, free_network: bool) -> SimResult {
             applied: 0,
             contributions: BTreeMap::new(),
             rewinds: 0,
+            applying: None,
             next_compute: 0,
             busy: false,
             ready: VecDeque::new(),
@@ -452,13 +455,19 @@ pub fn simulate(cfg: &SimConfig, free_network: bool) -> SimResult {
                     // the step again.
                     me.applied = me.applied.min(step);
                     me.ready.retain(|&s| s < step);
-                    me.rewinds += 1;
+                    // An apply in flight of this step or a later one is
+                    // void (the machine delivers them again); one of an
+                    // earlier step stands.
+                    if me.applying.is_some_and(|k| k >= step) {
+                        me.rewinds += 1;
+                    }
                 }
             }
             Ev::Tick { .. } => {}
             Ev::ApplyDone { step, rewinds, .. } => {
                 let me = &mut nodes[node as usize];
                 me.busy = false;
+                me.applying = None;
                 // (An apply a rewind overtook counts for nothing.)
                 if step == me.applied && rewinds == me.rewinds {
                     me.applied += 1;
@@ -534,6 +543,7 @@ pub fn simulate(cfg: &SimConfig, free_network: bool) -> SimResult {
                 me.ready.pop_front();
                 me.busy = true;
                 let (step, rewinds) = (me.applied, me.rewinds);
+                me.applying = Some(step);
                 queue.at(
                     now + cfg.apply_secs,
                     Ev::ApplyDone {

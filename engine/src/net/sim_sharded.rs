@@ -194,6 +194,8 @@ struct Node {
     contributions: BTreeMap<u32, u64>,
     /// Rewinds so far: an apply begun before the latest is void.
     rewinds: u32,
+    /// The step being applied, if any.
+    applying: Option<u32>,
     next_compute: u32,
     busy: bool,
     ready: BTreeSet<u32>,
@@ -283,6 +285,7 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
                 applied: 0,
                 contributions: BTreeMap::new(),
                 rewinds: 0,
+                applying: None,
                 next_compute: 0,
                 busy: false,
                 ready: BTreeSet::new(),
@@ -521,6 +524,7 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
             Ev::ApplyDone { step, rewinds, .. } => {
                 let me = &mut nodes[node as usize];
                 me.busy = false;
+                me.applying = None;
                 // (An apply a rewind overtook counts for nothing.)
                 if step == me.applied && rewinds == me.rewinds {
                     me.applied += 1;
@@ -699,9 +703,18 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
                         for s in step + 1..me.applied {
                             me.ready.insert(s);
                         }
+                        // An apply in flight of this step or a later one is
+                        // void, and a later one is applied again (the
+                        // exchange delivers only `step` again); one of an
+                        // earlier step stands.
+                        if let Some(k) = me.applying.filter(|&k| k >= step) {
+                            me.rewinds += 1;
+                            if k > step {
+                                me.ready.insert(k);
+                            }
+                        }
                         me.applied = me.applied.min(step);
                         me.ready.remove(&step);
-                        me.rewinds += 1;
                     }
                 }
             }
@@ -740,6 +753,7 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
                 me.ready.pop_first();
                 me.busy = true;
                 let (step, rewinds) = (me.applied, me.rewinds);
+                me.applying = Some(step);
                 queue.at(
                     now + base.apply_secs,
                     Ev::ApplyDone {
