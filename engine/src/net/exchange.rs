@@ -39,10 +39,11 @@
 //! 5. When every shard's sum is accepted the step applies.
 //!
 //! 6. A shard none of whose seats signed within `reseat` of the manifest
-//!    (its seats are taken for dead) goes to its reserve seats, drawn for
-//!    the step apart from its own (`shard::reserve`): they fetch the listed
-//!    slices from the members, sum and sign as any seat. A reserve seat's
-//!    signed hash moves the shard at a node that had not timed out yet.
+//!    (its seats are taken for dead), and that nothing else decided, gets
+//!    its reserve seats as well, drawn for the step apart from its own
+//!    (`shard::reserve`): they fetch the listed slices from the members,
+//!    sum and sign as any seat, and the old seats still count. A reserve
+//!    seat's signed hash moves the shard at a node at most `agree` early.
 //!
 //! Sums name the manifest they sum (`ManifestId`): a step can have two for
 //! a while, and seats that summed different lists are not liars.
