@@ -51,7 +51,10 @@
 //! Not handled here: a member listed in a manifest whose slices no holder
 //! serves stalls the step (a fall-back manifest without it is the step
 //! machine's job); a shard whose reserve seats are dead too stalls it;
-//! equivocating aggregators keep their first hash.
+//! equivocating aggregators keep their first hash; a replacement manifest
+//! drops hashes already signed for a third one (and reserve seats' early
+//! hashes), so a node that later takes that third manifest cannot accept
+//! the shard unless it recomputes it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
