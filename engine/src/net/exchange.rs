@@ -1183,6 +1183,18 @@ mod tests {
         BTreeSet::new()
     }
 
+    /// Shard 0 for node `who`, nothing for the others (a spot check or a
+    /// backup drawn by one node only).
+    fn only(who: u32) -> impl Fn(u32) -> BTreeSet<u32> {
+        move |i| {
+            if i == who {
+                BTreeSet::from([0])
+            } else {
+                BTreeSet::new()
+            }
+        }
+    }
+
     #[test]
     fn every_node_applies_once_every_seat_of_every_shard_signed_the_same_sum() {
         let mut w = World::new(12, 12, 2, none, none);
@@ -1264,13 +1276,7 @@ mod tests {
         let seats = shard::aggregators(&members, 8, 2, Draw(7)).unwrap();
         let (liar, mute) = (seats[0][0], seats[0][1]);
         let checker = (0..8).find(|i| !seats[0].contains(i)).unwrap();
-        let backup = |i| {
-            if i == checker {
-                BTreeSet::from([0])
-            } else {
-                BTreeSet::new()
-            }
-        };
+        let backup = only(checker);
         let mut w = World::new(8, 8, 2, none, backup);
         w.liars.insert(liar);
         w.silent.insert(mute);
@@ -1305,13 +1311,7 @@ mod tests {
         let members: Vec<u32> = (0..8).collect();
         let seats = shard::aggregators(&members, 8, 2, Draw(7)).unwrap();
         let spotter = (0..8).find(|i| !seats[0].contains(i)).unwrap();
-        let spot = |i| {
-            if i == spotter {
-                BTreeSet::from([0])
-            } else {
-                BTreeSet::new()
-            }
-        };
+        let spot = only(spotter);
         let mut w = World::new(8, 8, 2, spot, none);
         for &a in &seats[0] {
             w.liars.insert(a);
@@ -1352,13 +1352,7 @@ mod tests {
         let members: Vec<u32> = (0..8).collect();
         let seats = shard::aggregators(&members, 8, 2, Draw(7)).unwrap();
         let backup = (0..8).find(|i| !seats[0].contains(i)).unwrap();
-        let backups = |i| {
-            if i == backup {
-                BTreeSet::from([0])
-            } else {
-                BTreeSet::new()
-            }
-        };
+        let backups = only(backup);
         let mut w = World::new(8, 8, 2, none, backups);
         for &a in &seats[0] {
             w.silent.insert(a);
