@@ -43,6 +43,17 @@ pub enum Ground {
     /// The accused led a step listing, under another member's name, bytes
     /// that member never signed and never announced.
     ForgedEntry,
+    /// The accused, an aggregator of the sharded exchange, signed `hash`
+    /// (its signature `sig` over the [`crate::net::msg::SumHash`] these
+    /// fields rebuild) as the sum of `shard` under `manifest`, and the
+    /// members' signed slices sum to something else: anyone holding the
+    /// slices recomputes it exactly (`crate::shard::check`).
+    FalseSum {
+        shard: u32,
+        manifest: [u8; 32],
+        hash: [u8; 32],
+        sig: [u8; 64],
+    },
 }
 
 impl Ground {

@@ -173,14 +173,105 @@ pub fn slice_leaf(index: usize, signs: &[bool]) -> crate::merkle::Hash {
     let mut bytes = Vec::with_capacity(8 + signs.len().div_ceil(8));
     bytes.extend_from_slice(&(index as u32).to_le_bytes());
     bytes.extend_from_slice(&(signs.len() as u32).to_le_bytes());
-    for byte in signs.chunks(8) {
-        bytes.push(
+    bytes.extend_from_slice(&pack_signs(signs));
+    crate::merkle::leaf(&bytes)
+}
+
+/// Signs packed 8 to a byte, the first in the lowest bit: how a slice
+/// travels and is committed to.
+pub fn pack_signs(signs: &[bool]) -> Vec<u8> {
+    signs
+        .chunks(8)
+        .map(|byte| {
             byte.iter()
                 .enumerate()
-                .fold(0u8, |b, (i, s)| b | (u8::from(*s) << i)),
-        );
+                .fold(0u8, |b, (i, s)| b | (u8::from(*s) << i))
+        })
+        .collect()
+}
+
+/// `count` signs from [`pack_signs`]' bytes; None unless the bytes are
+/// exactly that many, with the last byte's spare bits clear (so one slice
+/// has one encoding).
+pub fn unpack_signs(bytes: &[u8], count: usize) -> Option<Vec<bool>> {
+    if bytes.len() != count.div_ceil(8) {
+        return None;
     }
-    crate::merkle::leaf(&bytes)
+    let spare = bytes.len() * 8 - count;
+    if spare > 0 && bytes[bytes.len() - 1] >> (8 - spare) != 0 {
+        return None;
+    }
+    Some(
+        (0..count)
+            .map(|i| bytes[i / 8] >> (i % 8) & 1 == 1)
+            .collect(),
+    )
+}
+
+/// A shard's vote sums as they travel: their count (u32), the bits each
+/// takes (u8), then each sum offset by half the range and packed
+/// low bit first. The width follows the sums (7 bits for 48 one-vote
+/// members), so an aggregate costs what the simulator assumes, and every
+/// aggregator of a shard sends the same bytes.
+pub fn pack_sums(sums: &[i32]) -> Vec<u8> {
+    let widest = sums.iter().map(|&v| bits_for(v)).max().unwrap_or(1);
+    let mut out = Vec::with_capacity(5 + (sums.len() * widest as usize).div_ceil(8));
+    out.extend_from_slice(&(sums.len() as u32).to_le_bytes());
+    out.push(widest);
+    let half = 1i64 << (widest - 1);
+    let (mut acc, mut held) = (0u64, 0u32);
+    for &v in sums {
+        acc |= ((i64::from(v) + half) as u64) << held;
+        held += u32::from(widest);
+        while held >= 8 {
+            out.push(acc as u8);
+            acc >>= 8;
+            held -= 8;
+        }
+    }
+    if held > 0 {
+        out.push(acc as u8);
+    }
+    out
+}
+
+/// Sums from [`pack_sums`]' bytes; None for any other encoding (a wrong
+/// length, a width outside 1–32, spare bits set, a width wider than the
+/// sums need).
+pub fn unpack_sums(bytes: &[u8]) -> Option<Vec<i32>> {
+    let count = u32::from_le_bytes(bytes.get(..4)?.try_into().ok()?) as usize;
+    let width = *bytes.get(4)?;
+    if !(1..=32).contains(&width) {
+        return None;
+    }
+    let body = &bytes[5..];
+    let bits = count.checked_mul(usize::from(width))?;
+    if body.len() != bits.div_ceil(8) {
+        return None;
+    }
+    let half = 1i64 << (width - 1);
+    let mask = (1u64 << width) - 1;
+    let mut out = Vec::with_capacity(count);
+    let (mut acc, mut held, mut next) = (0u64, 0u32, 0usize);
+    for _ in 0..count {
+        while held < u32::from(width) {
+            acc |= u64::from(body[next]) << held;
+            next += 1;
+            held += 8;
+        }
+        out.push(((acc & mask) as i64 - half) as i32);
+        acc >>= width;
+        held -= u32::from(width);
+    }
+    let widest = out.iter().map(|&v| bits_for(v)).max().unwrap_or(1);
+    (acc == 0 && widest == width).then_some(out)
+}
+
+/// Bits a sum takes offset by half the range: the least w with
+/// -2^(w-1) <= v < 2^(w-1).
+fn bits_for(v: i32) -> u8 {
+    let magnitude = if v < 0 { !v } else { v } as u32;
+    (33 - magnitude.leading_zeros()) as u8
 }
 
 /// The root a member signs in its announcement, over its slices of every
@@ -316,6 +407,54 @@ mod tests {
                 c.compress(layout, &g, draw).unwrap()
             })
             .collect()
+    }
+
+    #[test]
+    fn sums_travel_in_as_few_bits_as_they_need_and_only_one_encoding_reads_back() {
+        // 48 one-vote members: -48..=48 takes 7 bits, as the simulator
+        // assumes.
+        let sums: Vec<i32> = (-48..=48).collect();
+        let packed = pack_sums(&sums);
+        assert_eq!(packed[4], 7);
+        assert_eq!(packed.len(), 5 + (97 * 7usize).div_ceil(8));
+        assert_eq!(unpack_sums(&packed).unwrap(), sums);
+        for v in [
+            vec![],
+            vec![0],
+            vec![-1],
+            vec![1],
+            vec![i32::MIN, i32::MAX, 0, -7],
+        ] {
+            assert_eq!(unpack_sums(&pack_sums(&v)).unwrap(), v, "{v:?}");
+        }
+        assert_eq!(pack_sums(&[-64, 63])[4], 7);
+        assert_eq!(pack_sums(&[64])[4], 8);
+        // Any other bytes: cut, padded, spare bits set, or wider than needed.
+        assert!(unpack_sums(&packed[..packed.len() - 1]).is_none());
+        let mut longer = packed.clone();
+        longer.push(0);
+        assert!(unpack_sums(&longer).is_none());
+        let mut spare = pack_sums(&[1, 2, 3]);
+        *spare.last_mut().unwrap() |= 0x80;
+        assert!(unpack_sums(&spare).is_none());
+        let mut wide = vec![1, 0, 0, 0, 8];
+        wide.push(128 + 3);
+        assert!(unpack_sums(&wide).is_none(), "3 in 8 bits when 3 suffice");
+        assert!(unpack_sums(&[1, 0, 0, 0, 33, 0, 0, 0, 0, 0]).is_none());
+    }
+
+    #[test]
+    fn signs_pack_eight_to_a_byte_and_spare_bits_must_be_clear() {
+        let signs: Vec<bool> = (0..13).map(|i| i % 3 == 0).collect();
+        let packed = pack_signs(&signs);
+        assert_eq!(packed.len(), 2);
+        assert_eq!(unpack_signs(&packed, 13).unwrap(), signs);
+        assert!(unpack_signs(&packed, 12).is_none());
+        assert!(unpack_signs(&packed, 17).is_none());
+        let mut dirty = packed.clone();
+        dirty[1] |= 0x80;
+        assert!(unpack_signs(&dirty, 13).is_none());
+        assert_eq!(unpack_signs(&[], 0).unwrap(), Vec::<bool>::new());
     }
 
     #[test]

@@ -417,7 +417,35 @@ impl Trainer {
             .map(|c| &c.payload)
             .zip(weights.iter().copied())
             .collect();
-        let mut dirs = aggregate(&self.layout, &weighted, self.cfg.compress.decode);
+        let dirs = aggregate(&self.layout, &weighted, self.cfg.compress.decode);
+        self.step_along(dirs);
+        Ok(())
+    }
+
+    /// Applies the step from its shards' integer vote sums, as the sharded
+    /// exchange delivers them (`crate::shard`): the same update, bit for
+    /// bit, as [`Trainer::apply_weighted`] over the contributions those sums
+    /// add up, with nobody holding every payload. Needs the shared rule.
+    pub fn apply_sums(
+        &mut self,
+        shards: &[crate::shard::Shard],
+        sums: &[Vec<i32>],
+    ) -> Result<(), EngineError> {
+        let dirs = crate::shard::decode(
+            &self.layout,
+            shards,
+            sums,
+            self.draw(self.step),
+            self.cfg.compress.decode,
+        )?;
+        self.step_along(dirs);
+        Ok(())
+    }
+
+    /// One optimiser step along the decoded direction `dirs`: the shared
+    /// second moment if the recipe scales by it, then sign-SGD with weight
+    /// decay at this step's learning rate.
+    fn step_along(&mut self, mut dirs: Vec<Vec<f32>>) {
         if self.cfg.adaptive_beta2 > 0.0 {
             adaptive_scale(
                 &mut dirs,
@@ -429,7 +457,6 @@ impl Trainer {
         let lr = self.cfg.lr.at(self.step);
         sign_sgd_step(&mut self.params.values, &dirs, lr, self.cfg.weight_decay);
         self.step += 1;
-        Ok(())
     }
 
     /// Mean loss over `windows` fixed validation windows.

@@ -156,6 +156,65 @@ fn members_whose_gradients_differ_in_the_last_bits_apply_bit_identical_updates()
     }
 }
 
+/// What each shard's aggregators publish for `contributions`: the
+/// members' slices summed, one vote each.
+fn shard_sums(
+    shards: &[cohort_engine::shard::Shard],
+    layout: &cohort_engine::compress::Layout,
+    contributions: &[cohort_engine::wire::Contribution],
+) -> Vec<Vec<i32>> {
+    use cohort_engine::shard;
+    shards
+        .iter()
+        .map(|s| {
+            let slices: Vec<Vec<bool>> = contributions
+                .iter()
+                .map(|c| shard::slice(s, layout, &c.payload))
+                .collect();
+            let weighted: Vec<(&[bool], i32)> = slices.iter().map(|x| (x.as_slice(), 1)).collect();
+            shard::sum(&weighted, s.positions).unwrap()
+        })
+        .collect()
+}
+
+#[test]
+fn a_step_applied_from_shard_sums_gives_the_same_weights_as_one_applied_from_the_payloads() {
+    use cohort_engine::shard;
+    let cfg = TrainConfig::small(10);
+    let mut whole = Trainer::new(cfg, &[3; 32], corpus(), backend::cpu(), id(0)).unwrap();
+    let mut sharded = Trainer::new(cfg, &[3; 32], corpus(), backend::cpu(), id(0)).unwrap();
+    let mut members: Vec<Trainer> = (0..3)
+        .map(|i| Trainer::new(cfg, &[3; 32], corpus(), backend::cpu(), id(i)).unwrap())
+        .collect();
+    let shards = shard::split(whole.layout(), 5).unwrap();
+    let seed = [5; 32];
+    for _ in 0..3 {
+        let contributions: Vec<_> = members
+            .iter_mut()
+            .map(|m| m.compute(&seed, 0).unwrap().0)
+            .collect();
+        // What each shard's aggregators publish: the members' slices summed.
+        let sums = shard_sums(&shards, whole.layout(), &contributions);
+        whole.apply(&contributions).unwrap();
+        sharded.apply_sums(&shards, &sums).unwrap();
+        assert_eq!(whole.model_hash(), sharded.model_hash());
+        for m in &mut members {
+            m.apply(&contributions).unwrap();
+        }
+        assert_eq!(members[0].model_hash(), whole.model_hash());
+    }
+    // A sum that differs by one vote moves the weights.
+    let contributions: Vec<_> = members
+        .iter_mut()
+        .map(|m| m.compute(&seed, 0).unwrap().0)
+        .collect();
+    let mut sums = shard_sums(&shards, whole.layout(), &contributions);
+    sums[2][0] += if sums[2][0] > 0 { -2 } else { 2 };
+    whole.apply(&contributions).unwrap();
+    sharded.apply_sums(&shards, &sums).unwrap();
+    assert_ne!(whole.model_hash(), sharded.model_hash());
+}
+
 #[test]
 fn checkpoint_restore_gives_the_same_next_step() {
     let dir = std::env::temp_dir().join(format!("cohort-ckpt-{}", std::process::id()));

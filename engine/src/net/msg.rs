@@ -15,15 +15,21 @@
 //! heartbeat := job [32] | member u32 | seq u64 | ready_from u32 | applied u32
 //! accuse    := job [32] | epoch u32 | step u32 | accused u32 | witness u32
 //!              | evidence [32] | overlap u16 | agreement u16   (basis points)
-//!              | ground u8 (0 screened, 1 drawn, 2 equivocation, 3 forged entry)
+//!              | ground u8 (0 screened, 1 drawn, 2 equivocation, 3 forged entry,
+//!                4 false sum)
 //!              | [drawn: by u32 | coin [64]]
+//!              | [false sum: shard u32 | manifest [32] | hash [32] | sig [64]]
+//! sum_hash  := job [32] | epoch u32 | step u32 | shard u32 | aggregator u32
+//!              | manifest [32] | hash [32]
 //! ```
 
 use crate::defence::Ground;
 use cohort_program::codec::Reader;
 use libp2p::identity::ed25519;
 
-pub const VERSION: u8 = 3;
+/// 4 (2026-12-05): the sharded exchange's messages (`SumHash`, the false
+/// sum ground, slice pushes, slice and sum requests).
+pub const VERSION: u8 = 4;
 const MAGIC: &[u8; 3] = b"CHN";
 const DOMAIN: &[u8] = b"cohort-net-v1";
 /// Largest gossip message a node accepts: a manifest lists 36 bytes per
@@ -139,12 +145,37 @@ pub struct Accuse {
     pub ground: Ground,
 }
 
+/// An aggregator's signed claim, in the sharded exchange, that the listed
+/// members' slices of one shard sum to the vote sums hashing to `hash`
+/// ([`sum_hash`]). Signed, so a false one is proof against its signer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SumHash {
+    pub job: [u8; 32],
+    pub epoch: u32,
+    pub step: u32,
+    pub shard: u32,
+    pub aggregator: u32,
+    /// The id of the manifest whose listed members it sums.
+    pub manifest: [u8; 32],
+    pub hash: [u8; 32],
+}
+
+/// The hash an aggregator signs for a shard's vote sums: of their encoding
+/// on the wire ([`crate::shard::pack_sums`]), which is one per sums.
+pub fn sum_hash(sums: &[i32]) -> [u8; 32] {
+    let mut h = blake3::Hasher::new();
+    h.update(b"cohort-sum-v1");
+    h.update(&crate::shard::pack_sums(sums));
+    *h.finalize().as_bytes()
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Body {
     Announce(Announce),
     Manifest(Manifest),
     Heartbeat(Heartbeat),
     Accuse(Accuse),
+    SumHash(SumHash),
 }
 
 impl Body {
@@ -154,6 +185,7 @@ impl Body {
             Body::Manifest(m) => &m.job,
             Body::Heartbeat(h) => &h.job,
             Body::Accuse(a) => &a.job,
+            Body::SumHash(h) => &h.job,
         }
     }
     /// The member index the signer claims to be.
@@ -163,6 +195,7 @@ impl Body {
             Body::Manifest(m) => m.leader,
             Body::Heartbeat(h) => h.member,
             Body::Accuse(a) => a.witness,
+            Body::SumHash(h) => h.aggregator,
         }
     }
     fn kind(&self) -> u8 {
@@ -171,6 +204,7 @@ impl Body {
             Body::Manifest(_) => 2,
             Body::Heartbeat(_) => 3,
             Body::Accuse(_) => 4,
+            Body::SumHash(_) => 5,
         }
     }
 }
@@ -280,7 +314,28 @@ fn body_bytes(body: &Body, out: &mut Vec<u8>) {
                 }
                 Ground::Equivocation => out.push(2),
                 Ground::ForgedEntry => out.push(3),
+                Ground::FalseSum {
+                    shard,
+                    manifest,
+                    hash,
+                    sig,
+                } => {
+                    out.push(4);
+                    out.extend_from_slice(&shard.to_le_bytes());
+                    out.extend_from_slice(&manifest);
+                    out.extend_from_slice(&hash);
+                    out.extend_from_slice(&sig);
+                }
             }
+        }
+        Body::SumHash(h) => {
+            out.extend_from_slice(&h.job);
+            out.extend_from_slice(&h.epoch.to_le_bytes());
+            out.extend_from_slice(&h.step.to_le_bytes());
+            out.extend_from_slice(&h.shard.to_le_bytes());
+            out.extend_from_slice(&h.aggregator.to_le_bytes());
+            out.extend_from_slice(&h.manifest);
+            out.extend_from_slice(&h.hash);
         }
     }
 }
@@ -310,6 +365,23 @@ pub fn sign(body: &Body, key: &ed25519::Keypair) -> Vec<u8> {
     out.extend_from_slice(&key.public().to_bytes());
     out.extend_from_slice(&sig);
     out
+}
+
+/// The signature in a signed envelope (its last 64 bytes).
+pub fn signature(raw: &[u8]) -> Option<[u8; 64]> {
+    raw.get(raw.len().checked_sub(64)?..)?.try_into().ok()
+}
+
+/// Whether `sig` is `signer`'s signature over `body`: a message checked
+/// from its parts, as a false-sum accusation carries the aggregator's
+/// claim (its body is rebuilt from the accusation, the signature quoted).
+pub fn signed_by(body: &Body, signer: &[u8; 32], sig: &[u8; 64]) -> bool {
+    let mut unsigned = Vec::with_capacity(160);
+    unsigned.extend_from_slice(MAGIC);
+    unsigned.push(VERSION);
+    body_bytes(body, &mut unsigned);
+    ed25519::PublicKey::try_from_bytes(signer)
+        .is_ok_and(|k| k.verify(&signing_input(&unsigned), sig))
 }
 
 fn signing_input(unsigned: &[u8]) -> Vec<u8> {
@@ -386,8 +458,23 @@ fn parse_body(r: &mut Reader) -> Result<Body, cohort_program::codec::CodecError>
                 },
                 2 => Ground::Equivocation,
                 3 => Ground::ForgedEntry,
+                4 => Ground::FalseSum {
+                    shard: r.u32()?,
+                    manifest: r.array()?,
+                    hash: r.array()?,
+                    sig: r.array()?,
+                },
                 _ => return Err(cohort_program::codec::CodecError),
             },
+        }),
+        5 => Body::SumHash(SumHash {
+            job: r.array()?,
+            epoch: r.u32()?,
+            step: r.u32()?,
+            shard: r.u32()?,
+            aggregator: r.u32()?,
+            manifest: r.array()?,
+            hash: r.array()?,
         }),
         _ => return Err(cohort_program::codec::CodecError),
     })
@@ -465,6 +552,72 @@ pub enum Request {
     },
     /// A Solana transaction message to co-sign (see `Cosigner`).
     Cosign(Vec<u8>),
+    /// The sender's slice of `shard` for `step`, pushed to an aggregator of
+    /// the shard before the sender announces (sharded exchange).
+    Push {
+        step: u32,
+        shard: u32,
+        slice: Slice,
+    },
+    /// `member`'s slice of `shard`, from the member or an aggregator.
+    Slice {
+        step: u32,
+        shard: u32,
+        member: u32,
+    },
+    /// An aggregator's vote sums of `shard` under the manifest `manifest`.
+    Sum {
+        step: u32,
+        shard: u32,
+        manifest: [u8; 32],
+    },
+}
+
+/// A member's signs in one shard and the Merkle path from their leaf
+/// ([`crate::shard::slice_leaf`]) to the root it signed in its
+/// announcement: checkable alone, whoever serves it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Slice {
+    pub signs: Vec<bool>,
+    pub path: Vec<[u8; 32]>,
+}
+
+impl Slice {
+    /// Whether this is slice `shard` of `shards` under `root`.
+    pub fn proves(&self, root: &[u8; 32], shards: usize, shard: usize) -> bool {
+        crate::merkle::verify(
+            root,
+            shards,
+            shard,
+            &crate::shard::slice_leaf(shard, &self.signs),
+            &self.path,
+        )
+    }
+
+    fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&(self.signs.len() as u32).to_le_bytes());
+        out.extend_from_slice(&crate::shard::pack_signs(&self.signs));
+        out.push(self.path.len() as u8);
+        for h in &self.path {
+            out.extend_from_slice(h);
+        }
+    }
+
+    fn decode(r: &mut Reader) -> Option<Self> {
+        let count = r.u32().ok()? as usize;
+        if count > MAX_SLICE_SIGNS {
+            return None;
+        }
+        let signs = crate::shard::unpack_signs(r.bytes(count.div_ceil(8)).ok()?, count)?;
+        let depth = r.u8().ok()? as usize;
+        if depth > MAX_PATH {
+            return None;
+        }
+        let path = (0..depth)
+            .map(|_| r.array().ok())
+            .collect::<Option<Vec<[u8; 32]>>>()?;
+        Some(Self { signs, path })
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -481,15 +634,26 @@ pub enum Response {
     /// An ed25519 signature over the message of a `Cosign` request.
     Signature([u8; 64]),
     NotFound,
+    /// A pushed slice was kept.
+    Taken,
+    Slice(Slice),
+    /// A shard's vote sums ([`crate::shard::pack_sums`] on the wire).
+    Sum(Vec<i32>),
 }
 
 /// Largest Solana transaction message a witness is asked to co-sign (the
 /// packet size).
 pub const MAX_COSIGN: usize = 1232;
-/// Largest request on the wire: a co-sign request.
-pub const MAX_REQUEST: usize = 1 + MAX_COSIGN;
 /// Blobs are answered in parts of this size.
 pub const PART: usize = 256 * 1024;
+/// Most positions in one shard, so most signs in a slice: its vote sums
+/// fit one response even at 32 bits each. A 1.21 B-parameter model has
+/// about 1.2 M drawn positions, so a node splits it into 19 shards or more.
+pub const MAX_SLICE_SIGNS: usize = PART / 4;
+/// Deepest Merkle path a slice carries (2^32 shards).
+pub const MAX_PATH: usize = 32;
+/// Largest request on the wire: a pushed slice of the most signs.
+pub const MAX_REQUEST: usize = 1 + 8 + 4 + MAX_SLICE_SIGNS / 8 + 1 + 32 * MAX_PATH;
 /// Largest response: a part plus its headers, or a manifest.
 pub const MAX_RESPONSE: usize = PART + 64;
 /// Largest payload a node downloads. A 1.21 B-parameter model's payload at
@@ -513,7 +677,9 @@ impl Response {
             Response::Manifest(b) => b.len(),
             Response::Part { chunk, .. } => chunk.len(),
             Response::Signature(_) => 64,
-            Response::NotFound => 0,
+            Response::NotFound | Response::Taken => 0,
+            Response::Slice(s) => s.signs.len().div_ceil(8) + 32 * s.path.len(),
+            Response::Sum(sums) => crate::shard::pack_sums(sums).len(),
         }
     }
 }
@@ -545,6 +711,32 @@ impl Request {
                 out.push(4);
                 out.extend_from_slice(message);
             }
+            Request::Push { step, shard, slice } => {
+                out.push(5);
+                out.extend_from_slice(&step.to_le_bytes());
+                out.extend_from_slice(&shard.to_le_bytes());
+                slice.encode(&mut out);
+            }
+            Request::Slice {
+                step,
+                shard,
+                member,
+            } => {
+                out.push(6);
+                out.extend_from_slice(&step.to_le_bytes());
+                out.extend_from_slice(&shard.to_le_bytes());
+                out.extend_from_slice(&member.to_le_bytes());
+            }
+            Request::Sum {
+                step,
+                shard,
+                manifest,
+            } => {
+                out.push(7);
+                out.extend_from_slice(&step.to_le_bytes());
+                out.extend_from_slice(&shard.to_le_bytes());
+                out.extend_from_slice(manifest);
+            }
         }
         out
     }
@@ -566,9 +758,24 @@ impl Request {
                 step: r.u32().ok()?,
                 offset: r.u64().ok()?,
             },
-            4 if buf.len() > 1 && buf.len() <= MAX_REQUEST => {
+            4 if buf.len() > 1 && buf.len() <= 1 + MAX_COSIGN => {
                 return Some(Request::Cosign(buf[1..].to_vec()));
             }
+            5 => Request::Push {
+                step: r.u32().ok()?,
+                shard: r.u32().ok()?,
+                slice: Slice::decode(&mut r)?,
+            },
+            6 => Request::Slice {
+                step: r.u32().ok()?,
+                shard: r.u32().ok()?,
+                member: r.u32().ok()?,
+            },
+            7 => Request::Sum {
+                step: r.u32().ok()?,
+                shard: r.u32().ok()?,
+                manifest: r.array().ok()?,
+            },
             _ => return None,
         };
         (r.remaining() == 0).then_some(req)
@@ -599,6 +806,15 @@ impl Response {
                 out.push(4);
                 out.extend_from_slice(sig);
             }
+            Response::Taken => out.push(5),
+            Response::Slice(slice) => {
+                out.push(6);
+                slice.encode(&mut out);
+            }
+            Response::Sum(sums) => {
+                out.push(7);
+                out.extend_from_slice(&crate::shard::pack_sums(sums));
+            }
         }
         out
     }
@@ -613,6 +829,16 @@ impl Response {
             },
             3 if rest.is_empty() => Response::NotFound,
             4 => Response::Signature(rest.try_into().ok()?),
+            5 if rest.is_empty() => Response::Taken,
+            6 => {
+                let mut r = Reader::new(rest);
+                let slice = Slice::decode(&mut r)?;
+                if r.remaining() != 0 {
+                    return None;
+                }
+                Response::Slice(slice)
+            }
+            7 => Response::Sum(crate::shard::unpack_sums(rest)?),
             _ => return None,
         })
     }
@@ -684,6 +910,15 @@ mod tests {
                     by: 1,
                     coin: [5; 64],
                 },
+            }),
+            Body::SumHash(SumHash {
+                job: [7; 32],
+                epoch: 1,
+                step: 9,
+                shard: 3,
+                aggregator: 2,
+                manifest: [4; 32],
+                hash: [5; 32],
             }),
         ] {
             let raw = sign(&body, &k);
@@ -791,5 +1026,175 @@ mod tests {
         assert_eq!(Response::decode(&[4, 1, 2]), None, "short signature");
         assert_eq!(Request::decode(&[9]), None);
         assert_eq!(Request::decode(&[1, 0, 0, 0, 0, 0]), None);
+    }
+
+    fn slice() -> Slice {
+        Slice {
+            signs: (0..21).map(|i| i % 4 == 1).collect(),
+            path: vec![[1; 32], [2; 32], [3; 32]],
+        }
+    }
+
+    #[test]
+    fn the_sharded_exchanges_requests_round_trip_and_oversized_slices_are_refused() {
+        for r in [
+            Request::Push {
+                step: 4,
+                shard: 2,
+                slice: slice(),
+            },
+            Request::Push {
+                step: 4,
+                shard: 2,
+                slice: Slice {
+                    signs: vec![true; MAX_SLICE_SIGNS],
+                    path: vec![[9; 32]; MAX_PATH],
+                },
+            },
+            Request::Slice {
+                step: 1,
+                shard: 7,
+                member: 40,
+            },
+            Request::Sum {
+                step: 1,
+                shard: 7,
+                manifest: [6; 32],
+            },
+        ] {
+            let bytes = r.encode();
+            assert!(bytes.len() <= MAX_REQUEST);
+            assert_eq!(Request::decode(&bytes), Some(r));
+        }
+        for r in [
+            Response::Taken,
+            Response::Slice(slice()),
+            Response::Sum(vec![-48, 0, 17, 48]),
+            Response::Sum(vec![i32::MIN; MAX_SLICE_SIGNS]),
+        ] {
+            let bytes = r.encode();
+            assert!(bytes.len() <= MAX_RESPONSE);
+            assert_eq!(Response::decode(&bytes), Some(r));
+        }
+        let push = |signs: usize, depth: usize| {
+            Request::Push {
+                step: 0,
+                shard: 0,
+                slice: Slice {
+                    signs: vec![false; signs],
+                    path: vec![[0; 32]; depth],
+                },
+            }
+            .encode()
+        };
+        assert_eq!(Request::decode(&push(MAX_SLICE_SIGNS + 1, 0)), None);
+        assert_eq!(Request::decode(&push(8, MAX_PATH + 1)), None);
+        let mut trailing = Response::Slice(slice()).encode();
+        trailing.push(0);
+        assert_eq!(Response::decode(&trailing), None);
+        let mut cut = Request::Push {
+            step: 0,
+            shard: 0,
+            slice: slice(),
+        }
+        .encode();
+        cut.pop();
+        assert_eq!(Request::decode(&cut), None);
+    }
+
+    #[test]
+    fn a_slice_proves_its_place_under_the_root_its_member_signed_and_nowhere_else() {
+        let slices: Vec<Vec<bool>> = (0..5)
+            .map(|s| (0..9).map(|i| (i + s) % 3 == 0).collect())
+            .collect();
+        let root = crate::shard::commit(&slices);
+        let leaves: Vec<_> = slices
+            .iter()
+            .enumerate()
+            .map(|(i, x)| crate::shard::slice_leaf(i, x))
+            .collect();
+        let of = |i: usize| Slice {
+            signs: slices[i].clone(),
+            path: crate::merkle::path(&leaves, i),
+        };
+        for i in 0..5 {
+            assert!(of(i).proves(&root, 5, i));
+            assert!(
+                !of(i).proves(&root, 5, (i + 1) % 5),
+                "another shard's place"
+            );
+            assert!(!of(i).proves(&root, 6, i), "another count");
+        }
+        let mut flipped = of(2);
+        flipped.signs[4] = !flipped.signs[4];
+        assert!(!flipped.proves(&root, 5, 2));
+    }
+
+    #[test]
+    fn a_false_sum_accusation_carries_the_aggregators_signature_and_anyone_checks_it() {
+        let aggregator = key(3);
+        let claim = SumHash {
+            job: [7; 32],
+            epoch: 1,
+            step: 9,
+            shard: 4,
+            aggregator: 2,
+            manifest: [5; 32],
+            hash: sum_hash(&[3, -1, 0]),
+        };
+        let raw = sign(&Body::SumHash(claim.clone()), &aggregator);
+        assert_eq!(open(&raw).unwrap().body, Body::SumHash(claim.clone()));
+        let sig = signature(&raw).unwrap();
+        let accuse = Body::Accuse(Accuse {
+            job: [7; 32],
+            epoch: 1,
+            step: 9,
+            accused: 2,
+            witness: 0,
+            evidence: [1; 32],
+            overlap: 0,
+            agreement: 0,
+            ground: Ground::FalseSum {
+                shard: 4,
+                manifest: [5; 32],
+                hash: claim.hash,
+                sig,
+            },
+        });
+        let got = open(&sign(&accuse, &key(1))).unwrap().body;
+        assert_eq!(got, accuse);
+        let Body::Accuse(Accuse {
+            ground:
+                Ground::FalseSum {
+                    shard,
+                    manifest,
+                    hash,
+                    sig,
+                },
+            ..
+        }) = got
+        else {
+            unreachable!()
+        };
+        let rebuilt = |hash| {
+            Body::SumHash(SumHash {
+                shard,
+                manifest,
+                hash,
+                ..claim.clone()
+            })
+        };
+        let signer = aggregator.public().to_bytes();
+        assert!(signed_by(&rebuilt(hash), &signer, &sig));
+        assert!(
+            !signed_by(&rebuilt(sum_hash(&[3, -1, 1])), &signer, &sig),
+            "a claim the aggregator did not sign"
+        );
+        assert!(!signed_by(
+            &rebuilt(hash),
+            &key(4).public().to_bytes(),
+            &sig
+        ));
+        assert_ne!(sum_hash(&[1]), sum_hash(&[1, 0]));
     }
 }

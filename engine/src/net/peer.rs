@@ -392,6 +392,7 @@ fn event_json(e: &NodeEvent) -> Option<String> {
                 Ground::Drawn { .. } => "drawn",
                 Ground::Equivocation => "equivocation",
                 Ground::ForgedEntry => "forged_entry",
+                Ground::FalseSum { .. } => "false_sum",
             };
             format!(r#"{{"event":"accused","member":{member},"step":{step},"ground":"{ground}"}}"#)
         }

@@ -79,7 +79,9 @@ impl Net {
             Request::Payload { .. } => self.payload_len.min(msg::PART as u64),
             Request::Snapshot { .. } | Request::Momentum { .. } => msg::PART as u64,
             Request::Manifest { .. } => msg::MAX_GOSSIP as u64,
-            Request::Cosign(_) => 0,
+            Request::Cosign(_) | Request::Push { .. } => 0,
+            Request::Slice { .. } => (msg::MAX_SLICE_SIGNS / 8) as u64,
+            Request::Sum { .. } => msg::PART as u64,
         };
         let deadline = Instant::now() + self.cfg.timing.deadline(bytes);
         let id = self.swarm.behaviour_mut().blobs.send_request(peer, req);
@@ -180,6 +182,10 @@ impl Net {
                 .map(|(_, raw)| raw)
                 .or_else(|| self.manifests_raw.get(&step))
                 .map_or(Response::NotFound, |b| Response::Manifest(b.clone())),
+            // The node runs the all-to-all exchange: it aggregates nothing.
+            Request::Push { .. } | Request::Slice { .. } | Request::Sum { .. } => {
+                Response::NotFound
+            }
             Request::Snapshot { step, offset } => self.snapshots.part(step, offset),
             Request::Momentum { step, offset } => self.momenta.part(step, offset),
             Request::Cosign(message) => {

@@ -157,6 +157,12 @@ impl Net {
                 self.machine.on_ready(h.member, h.ready_from);
             }
             Body::Accuse(a) => return self.on_accuse(&a),
+            // The node runs the all-to-all exchange, where no member
+            // aggregates: every honest node drops these alike.
+            Body::SumHash(_) => {
+                self.stats.drop(Drop::Malformed);
+                return acceptance(Drop::Malformed);
+            }
         }
         MessageAcceptance::Accept
     }
