@@ -16,8 +16,9 @@ mod plot;
 mod report;
 mod runlog;
 mod simulate;
+mod traffic;
 
-const USAGE: &str = "usage: cohort-bench <convergence|engine|efficiency|simulate|large-model|chain|adversary|app|peer> [--flag value ...]
+const USAGE: &str = "usage: cohort-bench <convergence|engine|efficiency|simulate|large-model|traffic|chain|adversary|app|peer> [--flag value ...]
 
   convergence  dense AdamW vs dense sign-SGD vs Cohort compressed, same tokens, each tuned
                over one lr x momentum grid, its best point over several seeds; resumable
@@ -38,6 +39,9 @@ const USAGE: &str = "usage: cohort-bench <convergence|engine|efficiency|simulate
   large-model  a ~100 M-parameter job as 3 processes, one joining late: parts over 1 MiB,
                peak memory per process, states on disk vs in memory
                flags: --arch \"gpt l8 d1024 h16 s64\" --topk 32 --steps 6 --batch 1 --join-at 2
+  traffic      bytes a member sends and receives per step, all-to-all vs sharded exchange,
+               as member processes on shaped loopback links; flags: --members 8 --steps 6
+               --arch \"gpt l4 d512 h8 s64\" --batch 1 --shards (members) --redundancy 2 --mbit 100 --rtt-ms 20 --repeats 3
   chain        a real job's transactions, fees and balances read from the chain, then
                modelled jobs of 3, 30, 300 members; flags: --sizes 3,30,300 --epochs 3
                --real-nodes 3 --real-epochs 3 --real-steps 10
@@ -70,6 +74,7 @@ fn main() {
         Some("efficiency") => efficiency::run(&args[1..]),
         Some("simulate") => simulate::run(&args[1..]),
         Some("large-model") => large_model::run(&args[1..]),
+        Some("traffic") => traffic::run(&args[1..]),
         Some("chain") => chain::run(&args[1..]),
         Some("adversary") => adversary::run(&args[1..]),
         Some("app") => app::run(&args[1..]),

@@ -66,6 +66,10 @@ pub enum Mode {
     /// of its flagged payloads time out. Network node only; not in
     /// [`Mode::ALL`].
     SilentReveal,
+    /// Sends honest payloads; as an aggregator of the sharded exchange it
+    /// signs and serves a vote sum one vote off at one position
+    /// (`net::exchange`). Network node only; not in [`Mode::ALL`].
+    LyingAggregator,
 }
 
 impl Mode {
@@ -98,6 +102,7 @@ impl Mode {
             Mode::LyingLeader => "lying-leader",
             Mode::Stalling => "stalling",
             Mode::SilentReveal => "silent-reveal",
+            Mode::LyingAggregator => "lying-aggregator",
         }
     }
 
@@ -111,6 +116,7 @@ impl Mode {
                 Mode::LyingLeader,
                 Mode::Stalling,
                 Mode::SilentReveal,
+                Mode::LyingAggregator,
             ])
             .find(|m| m.name() == s)
     }
@@ -177,7 +183,11 @@ pub fn forge(mode: Mode, a: &Attack) -> Payload {
         }
         (Mode::Noise, Some(own)) => map_signs(own, |_, _| rng.next() & 1 == 1),
         (
-            Mode::Scale | Mode::EquivocatingLeader | Mode::LyingLeader | Mode::Stalling,
+            Mode::Scale
+            | Mode::EquivocatingLeader
+            | Mode::LyingLeader
+            | Mode::Stalling
+            | Mode::LyingAggregator,
             Some(own),
         ) => own.clone(),
         (Mode::Alie, _) => against_majority(a, &mut rng, false),

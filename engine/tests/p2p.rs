@@ -741,6 +741,75 @@ fn a_lying_leader_gets_no_honest_member_accused_no_honest_node_failed_and_is_con
     assert!(assert_agree(&peers[..liar].iter().collect::<Vec<_>>()) > 0);
 }
 
+/// Eight processes on shaped links train through the sharded exchange
+/// (8 shards, 2 aggregators each): nobody downloads another member's
+/// payload, every honest node ends on the same weights, and an aggregator
+/// that signs and serves a sum one vote off is caught by the nodes that
+/// fetch its shard (its co-seat signed another hash), which recompute the
+/// shard from the members' signed slices, apply the true sum, and convict
+/// it with its own signed claim as the proof.
+#[test]
+fn eight_processes_train_through_the_sharded_exchange_and_a_lying_aggregator_is_convicted() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let (n, steps, liar) = (8, 6, 5);
+    let ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
+    let witnesses = (0..n).map(|i| i.to_string()).collect::<Vec<_>>().join(",");
+    let mut peers: Vec<Peer> = (0..n)
+        .map(|i| {
+            let mut c = peer_cmd("sharded", i, n, steps, &ports);
+            c.args(["--shards", "8", "--redundancy", "2"]);
+            c.args(["--rate-mbit", "50", "--rtt-ms", "20"]);
+            c.args(["--witnesses", &witnesses, "--quorum", "2"]);
+            if i == liar {
+                c.args(["--adversary", "lying-aggregator"]);
+            }
+            Peer::spawn(&mut c)
+        })
+        .collect();
+    let done: Vec<String> = peers
+        .iter_mut()
+        .map(|p| p.finish(Duration::from_secs(240)))
+        .collect();
+    let honest: Vec<usize> = (0..n).filter(|&i| i != liar).collect();
+    let finals: Vec<&str> = honest
+        .iter()
+        .map(|&i| field(&done[i], "hash").unwrap())
+        .collect();
+    assert!(finals.iter().all(|h| *h == finals[0]), "{finals:?}");
+    for &i in &honest {
+        let d = &done[i];
+        assert_eq!(
+            field(d, "applied"),
+            Some(&*steps.to_string()),
+            "member {i}: {d}"
+        );
+        assert!(d.contains(r#""slashed":[5]"#), "member {i}: {d}");
+    }
+    let caught: u64 = honest
+        .iter()
+        .map(|&i| {
+            field(&done[i], "false_sums")
+                .unwrap()
+                .parse::<u64>()
+                .unwrap()
+        })
+        .sum();
+    assert!(caught > 0, "no node caught the lie: {done:#?}");
+    for &i in &honest {
+        for l in peers[i].lines() {
+            if l.contains(r#""event":"accused""#) {
+                assert_eq!(
+                    field(&l, "member"),
+                    Some("5"),
+                    "an honest member was accused: {l}"
+                );
+                assert_eq!(field(&l, "ground"), Some("false_sum"), "{l}");
+            }
+        }
+    }
+    assert!(assert_agree(&honest.iter().map(|&i| &peers[i]).collect::<Vec<_>>()) > 0);
+}
+
 /// A member that, leading a step, heartbeats but never publishes (a silent
 /// leader) or publishes a manifest listing a hash nobody holds (an
 /// unservable manifest), and answers requests for its payloads only from

@@ -107,6 +107,9 @@ impl EpochRun<'_> {
                 cosigner: None,
             },
             spill_above: p2p::SPILL_ABOVE,
+            // The app's jobs run the all-to-all exchange until the node's
+            // sharded path carries audits and screening (issue 18).
+            exchange: None,
         })
     }
 

@@ -132,6 +132,8 @@ pub struct NodeConfig {
     /// States and momenta this node keeps to serve (four and sixteen of
     /// them, each about the model's size) go to disk from this size on.
     pub spill_above: usize,
+    /// The sharded exchange's plan; None runs the all-to-all exchange.
+    pub exchange: Option<crate::net::exchange::Plan>,
 }
 
 /// [`NodeConfig::spill_above`] for nodes that do not choose: anything the
@@ -294,6 +296,8 @@ pub struct NodeStats {
     pub omissions: BTreeMap<u32, u64>,
     /// Manifest entries their member did not sign (`ForgedEntry`).
     pub forged_entries: u64,
+    /// Aggregators this node caught signing a false sum (sharded exchange).
+    pub false_sums: u64,
     /// How this node reached each member it connected to, at best.
     pub routes: BTreeMap<u32, Route>,
 }

@@ -56,8 +56,67 @@
 //! hashes), so a node that later takes that third manifest cannot accept
 //! the shard unless it recomputes it.
 
+use crate::compress::Draw;
+use crate::error::EngineError;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
+
+/// How a job runs the sharded exchange: the same on every node.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Plan {
+    /// Shards per step.
+    pub shards: usize,
+    /// Aggregators (seats) per shard, and reserve seats per shard.
+    pub redundancy: usize,
+    /// Shards each node recomputes from their slices every step.
+    pub spots: usize,
+    /// Nodes, on average, that recompute a shard one of whose seats is
+    /// silent.
+    pub backups: usize,
+    pub timing: Timing,
+}
+
+/// Per shard, the members seated on it.
+pub type Seats = Vec<Vec<u32>>;
+
+/// Mixed into a step's draw for its reserve seats, so they are drawn apart
+/// from its seats.
+const RESERVE_DRAW: u64 = 0x7265_7365_7276_6521;
+
+/// The seats and reserve seats of every shard at `step`, drawn from `seed`
+/// (the node's epoch seed; the simulator's job): the one rule the node and
+/// the simulator seat aggregators by.
+pub fn seating(
+    seed: &[u8; 32],
+    step: u32,
+    members: &[u32],
+    shards: usize,
+    redundancy: usize,
+) -> Result<(Seats, Seats), EngineError> {
+    let draw = Draw::for_step(seed, step);
+    let seats = crate::shard::aggregators(members, shards, redundancy, draw)?;
+    let reserve = crate::shard::reserve(members, &seats, redundancy, Draw(draw.0 ^ RESERVE_DRAW));
+    Ok((seats, reserve))
+}
+
+/// The shards a node recomputes at a step: `spots` of them every time, and
+/// each shard as a backup with probability `backups / members`, from
+/// uniform draws in [0, 1) only that node can make (`next`).
+pub fn checks(
+    shards: usize,
+    spots: usize,
+    backups: usize,
+    members: usize,
+    mut next: impl FnMut() -> f64,
+) -> (BTreeSet<u32>, BTreeSet<u32>) {
+    let mut chosen = BTreeSet::new();
+    while chosen.len() < spots.min(shards) {
+        chosen.insert(((next() * shards as f64) as u32).min(shards as u32 - 1));
+    }
+    let p = backups as f64 / members.max(1) as f64;
+    let backup = (0..shards as u32).filter(|_| next() < p).collect();
+    (chosen, backup)
+}
 
 /// A sum's hash, as its aggregator signs it.
 pub type Hash = [u8; 32];
@@ -742,8 +801,8 @@ impl Exchange {
             .is_some_and(|a| a.held.contains(&member))
     }
 
-    #[cfg(test)]
-    fn accepted(&self, step: u32, shard: u32) -> Option<Hash> {
+    /// The hash of the sum this node accepted for `shard` at `step`.
+    pub fn accepted(&self, step: u32, shard: u32) -> Option<Hash> {
         self.steps.get(&step)?.recv.get(shard as usize)?.accepted
     }
 

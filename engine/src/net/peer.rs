@@ -45,7 +45,9 @@ pub const USAGE: &str = "usage: cohort-peer --index I --members N [options]
   --chain-rate R      share of those that check the momentum chain too [0]
   --adversary MODE    attack (tests only): sign-flip, noise, scale, alie, ipm,
                       free-rider, copycat, stale, forged-momentum, silent-reveal,
-                      lying-leader, stalling
+                      lying-leader, stalling, lying-aggregator
+  --shards S          run the sharded exchange with S shards (0: all-to-all) [0]
+  --redundancy R      aggregators per shard (sharded exchange)  [2]
   --mdns              discover peers on the LAN
   --peer-id-of I      print member I's peer id and exit (I = relay: the relay's)
 
@@ -159,6 +161,7 @@ fn parse(args: &[String]) -> Result<(NodeConfig, BackendChoice), String> {
     let mut topk = None;
     let mut select = None;
     let mut spill_above = node::SPILL_ABOVE;
+    let (mut shards, mut redundancy) = (0usize, 2usize);
     let mut backend = BackendChoice::Cpu;
     let mut defence = node::Defence::default();
     let mut it = args.iter();
@@ -193,6 +196,8 @@ fn parse(args: &[String]) -> Result<(NodeConfig, BackendChoice), String> {
                 })
             }
             "--spill-above" => spill_above = num(flag, value()?)?,
+            "--shards" => shards = num(flag, value()?)?,
+            "--redundancy" => redundancy = num(flag, value()?)?,
             "--rate-mbit" => mbit = num(flag, value()?)?,
             "--rtt-ms" => rtt = num(flag, value()?)?,
             "--collect-ms" => timing.collect = Duration::from_millis(num(flag, value()?)?),
@@ -265,6 +270,18 @@ fn parse(args: &[String]) -> Result<(NodeConfig, BackendChoice), String> {
             msg::MAX_PAYLOAD
         ));
     }
+    let exchange = (shards > 0).then(|| crate::net::exchange::Plan {
+        shards,
+        redundancy,
+        spots: 1,
+        backups: 4,
+        timing: crate::net::exchange::Timing::default(),
+    });
+    if shards > 0 && (redundancy == 0 || redundancy > members) {
+        return Err(format!(
+            "--redundancy {redundancy}: expected 1 to {members} (the members)"
+        ));
+    }
     let job = local_job(&job);
     let keys: Vec<_> = (0..members).map(local_member).collect();
     Ok((
@@ -292,6 +309,7 @@ fn parse(args: &[String]) -> Result<(NodeConfig, BackendChoice), String> {
             release_memory_when_paused: false,
             defence,
             spill_above,
+            exchange,
         },
         backend,
     ))
@@ -465,7 +483,7 @@ pub fn main(args: &[String]) -> i32 {
                 .map(|d| format!(r#""{}":{}"#, d.name(), stats.dropped(*d)))
                 .collect();
             line(format!(
-                r#"{{"event":"done","applied":{},"hash":"{}","accepted":{},"equivocations":{},"late":{},"timed_out":{},"lowest_peer_score":{:.1},"peak_rss_kib":{},"rewinds":{},"bytes_in":{},"bytes_out":{},"audits":{},"audits_failed":{},"audit_secs":{:.4},"compute_secs":{:.4},"slashed":{:?},"routes":{{{}}},"dropped":{{{}}}}}"#,
+                r#"{{"event":"done","applied":{},"hash":"{}","accepted":{},"equivocations":{},"late":{},"timed_out":{},"lowest_peer_score":{:.1},"peak_rss_kib":{},"rewinds":{},"bytes_in":{},"bytes_out":{},"audits":{},"audits_failed":{},"audit_secs":{:.4},"compute_secs":{:.4},"wire_out":{},"wire_in":{},"false_sums":{},"slashed":{:?},"routes":{{{}}},"dropped":{{{}}}}}"#,
                 stats.applied,
                 hex(&stats.model_hash),
                 stats.accepted,
@@ -481,6 +499,9 @@ pub fn main(args: &[String]) -> i32 {
                 stats.audits_failed,
                 stats.audit_secs,
                 stats.compute_secs,
+                crate::net::shaper::WIRE_SENT.load(std::sync::atomic::Ordering::Relaxed),
+                crate::net::shaper::WIRE_RECEIVED.load(std::sync::atomic::Ordering::Relaxed),
+                stats.false_sums,
                 stats.slashed.iter().collect::<Vec<_>>(),
                 stats
                     .routes

@@ -8,7 +8,7 @@ use libp2p::futures::{AsyncRead, AsyncWrite};
 use libp2p::tcp::tokio::TcpStream;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -35,6 +35,20 @@ impl Link {
     pub fn is_plain(&self) -> bool {
         self.rate.is_none() && self.one_way.is_zero()
     }
+}
+
+/// Bytes this process wrote to and read from its TCP connections, every
+/// protocol, frame and encryption tag included: what the links carried.
+/// Process-wide, so a node's own figure where one node runs per process
+/// (`cohort-peer`, which prints them when done).
+pub static WIRE_SENT: AtomicU64 = AtomicU64::new(0);
+pub static WIRE_RECEIVED: AtomicU64 = AtomicU64::new(0);
+
+fn counted(r: Poll<io::Result<usize>>, total: &AtomicU64) -> Poll<io::Result<usize>> {
+    if let Poll::Ready(Ok(n)) = r {
+        total.fetch_add(n as u64, Ordering::Relaxed);
+    }
+    r
 }
 
 /// Bytes a connection may have in flight before writes wait: a router's
@@ -102,7 +116,7 @@ impl AsyncRead for Stream {
         cx: &mut Context<'_>,
         buf: &mut [u8],
     ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
+        let r = match self.get_mut() {
             Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
             Stream::Shaped(s) => {
                 let mut rb = tokio::io::ReadBuf::new(buf);
@@ -112,7 +126,8 @@ impl AsyncRead for Stream {
                     Poll::Pending => Poll::Pending,
                 }
             }
-        }
+        };
+        counted(r, &WIRE_RECEIVED)
     }
 }
 
@@ -123,7 +138,7 @@ impl AsyncWrite for Stream {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let s = match self.get_mut() {
-            Stream::Plain(s) => return Pin::new(s).poll_write(cx, buf),
+            Stream::Plain(s) => return counted(Pin::new(s).poll_write(cx, buf), &WIRE_SENT),
             Stream::Shaped(s) => s,
         };
         let Some(tx) = &s.tx else {
@@ -151,7 +166,7 @@ impl AsyncWrite for Stream {
         if tx.send((arrival, buf[..n].to_vec())).is_err() {
             return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
         }
-        Poll::Ready(Ok(n))
+        counted(Poll::Ready(Ok(n)), &WIRE_SENT)
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {

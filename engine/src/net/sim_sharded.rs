@@ -11,8 +11,6 @@ use super::exchange::{self, Action as XAction, Exchange, Hash, ManifestId};
 use super::msg::{Announce, Manifest};
 use super::sim::{Alarm, Events, Rng, SimConfig, SimResult, Uplink};
 use super::step::{Action, StepMachine};
-use crate::compress::Draw;
-use crate::shard;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::Duration;
 
@@ -214,10 +212,6 @@ struct Node {
 
 const TRUE_SUM: Hash = [1; 32];
 
-/// Mixed into a step's draw for its reserve seats, so they are drawn apart
-/// from its seats.
-const RESERVE_DRAW: u64 = 0x7265_7365_7276_6521;
-
 fn hash_of(step: u32, member: u32) -> [u8; 32] {
     let mut h = [0u8; 32];
     h[..4].copy_from_slice(&step.to_le_bytes());
@@ -234,26 +228,10 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
     let job = [9u8; 32];
     let shards = cfg.shard_count();
     let members: Vec<u32> = (0..n).collect();
-    let seats: Vec<Vec<Vec<u32>>> = (0..base.steps)
+    let seating: Vec<_> = (0..base.steps)
         .map(|t| {
-            shard::aggregators(
-                &members,
-                shards,
-                cfg.redundancy.min(n as usize),
-                Draw::for_step(&job, t),
-            )
-            .expect("redundancy within the member count")
-        })
-        .collect();
-    let reserve: Vec<Vec<Vec<u32>>> = (0..base.steps)
-        .map(|t| {
-            let draw = Draw(Draw::for_step(&job, t).0 ^ RESERVE_DRAW);
-            shard::reserve(
-                &members,
-                &seats[t as usize],
-                cfg.redundancy.min(n as usize),
-                draw,
-            )
+            exchange::seating(&job, t, &members, shards, cfg.redundancy.min(n as usize))
+                .expect("redundancy within the member count")
         })
         .collect();
     let huge = 1e30;
@@ -302,21 +280,16 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
         .collect();
     // Opens every step up to `step` at a node, with its secret spot checks.
     let open = |x: &mut Node, node: u32, step: u32| {
-        while x.opened <= step && (x.opened as usize) < seats.len() {
+        while x.opened <= step && (x.opened as usize) < seating.len() {
             let t = x.opened;
             let mut pick =
                 Rng(base.seed ^ ((node as u64) << 32) ^ t as u64 ^ 0x9e37_79b9_7f4a_7c15);
-            let mut spots = BTreeSet::new();
-            while spots.len() < cfg.spots.min(shards) {
-                spots.insert(((pick.next() * shards as f64) as u32).min(shards as u32 - 1));
-            }
-            // Each shard is a backup of about `backups` nodes.
-            let p = cfg.backups as f64 / n as f64;
-            let backups: BTreeSet<u32> = (0..shards as u32).filter(|_| pick.next() < p).collect();
+            let (spots, backups) =
+                exchange::checks(shards, cfg.spots, cfg.backups, n as usize, || pick.next());
             x.ex.open(
                 t,
-                seats[t as usize].clone(),
-                reserve[t as usize].clone(),
+                seating[t as usize].0.clone(),
+                seating[t as usize].1.clone(),
                 &spots,
                 &backups,
             );

@@ -28,7 +28,7 @@ pub(crate) enum ToTrainer {
     },
     Apply {
         manifest: Manifest,
-        payloads: Vec<Vec<u8>>,
+        inputs: Inputs,
         last_produced_us: u64,
         same_history: bool,
     },
@@ -48,6 +48,14 @@ pub(crate) enum ToTrainer {
         by: u32,
         coin: [u8; 64],
     },
+}
+
+/// What a step applies from: the listed members' signed payloads (the
+/// all-to-all exchange), or every shard's vote sums over them (the sharded
+/// exchange, `net::exchange`).
+pub(crate) enum Inputs {
+    Payloads(Vec<Vec<u8>>),
+    Sums(Vec<Vec<i32>>),
 }
 
 pub(crate) enum FromTrainer {
@@ -320,6 +328,11 @@ pub(crate) fn train_loop(
 ) -> Result<(), String> {
     let signer = msg::keypair(&cfg.secret);
     let layout = trainer.layout().clone();
+    // The sharded exchange's shards, which its sums come in.
+    let shards = match cfg.exchange {
+        Some(plan) => Some(crate::shard::split(&layout, plan.shards).map_err(|e| e.to_string())?),
+        None => None,
+    };
     let send = |m: FromTrainer| tx.send(m).map_err(|_| "network task gone".to_string());
     let mut guard = Guard::new(&cfg);
     let mut attacker = Attacker::default();
@@ -517,11 +530,11 @@ pub(crate) fn train_loop(
                 match rx.recv().map_err(|_| "network task gone".to_string())? {
                     ToTrainer::Apply {
                         manifest,
-                        payloads,
+                        inputs,
                         last_produced_us,
                         same_history,
                     } if manifest.step == trainer.step() => {
-                        break Some((manifest, payloads, last_produced_us, same_history));
+                        break Some((manifest, inputs, last_produced_us, same_history));
                     }
                     ToTrainer::Snapshot {
                         bytes,
@@ -548,7 +561,7 @@ pub(crate) fn train_loop(
                     _ => {}
                 }
             };
-            let Some((manifest, payloads, last_produced_us, same_history)) = next else {
+            let Some((manifest, inputs, last_produced_us, same_history)) = next else {
                 continue;
             };
             let unblocked = now_us();
@@ -561,58 +574,78 @@ pub(crate) fn train_loop(
                     matches: manifest.state_hash == current_hash,
                 })?;
             }
-            // Payloads that do not decode (or are not the member's for this
-            // step) are skipped; every node holds the same bytes for a
-            // manifest, so every node skips the same ones.
-            // So are contributions computed on another state (their author
-            // rewound since): recomputed on this one they would fail an
-            // honest member's audit.
-            let expected = basis.expected(&current_hash);
-            let mut contributions = Vec::with_capacity(payloads.len());
-            let mut contributors = Vec::with_capacity(payloads.len());
-            for ((member, hash), bytes) in manifest.entries.iter().zip(&payloads) {
-                let Some(key) = cfg.members.get(*member as usize) else {
-                    continue;
-                };
-                match Contribution::decode_signed(bytes, &layout) {
-                    Ok(c)
-                        if c.member == *key
-                            && c.step == manifest.step
-                            && c.job == cfg.job
-                            && c.basis == expected =>
-                    {
-                        contributions.push(c);
-                        contributors.push(*member);
+            let (contributors, targets) = match inputs {
+                Inputs::Payloads(payloads) => {
+                    // Payloads that do not decode (or are not the member's for this
+                    // step) are skipped; every node holds the same bytes for a
+                    // manifest, so every node skips the same ones.
+                    // So are contributions computed on another state (their author
+                    // rewound since): recomputed on this one they would fail an
+                    // honest member's audit.
+                    let expected = basis.expected(&current_hash);
+                    let mut contributions = Vec::with_capacity(payloads.len());
+                    let mut contributors = Vec::with_capacity(payloads.len());
+                    for ((member, hash), bytes) in manifest.entries.iter().zip(&payloads) {
+                        let Some(key) = cfg.members.get(*member as usize) else {
+                            continue;
+                        };
+                        match Contribution::decode_signed(bytes, &layout) {
+                            Ok(c)
+                                if c.member == *key
+                                    && c.step == manifest.step
+                                    && c.job == cfg.job
+                                    && c.basis == expected =>
+                            {
+                                contributions.push(c);
+                                contributors.push(*member);
+                            }
+                            // Bytes listed under a member's name that the member did
+                            // not sign: the leader's doing, never the member's.
+                            Err(EngineError::Signature) if *member != manifest.leader => {
+                                send(FromTrainer::ForgedEntry {
+                                    step: manifest.step,
+                                    leader: manifest.leader,
+                                    hash: *hash,
+                                    member: *member,
+                                })?;
+                            }
+                            _ => {}
+                        }
                     }
-                    // Bytes listed under a member's name that the member did
-                    // not sign: the leader's doing, never the member's.
-                    Err(EngineError::Signature) if *member != manifest.leader => {
-                        send(FromTrainer::ForgedEntry {
-                            step: manifest.step,
-                            leader: manifest.leader,
-                            hash: *hash,
-                            member: *member,
-                        })?;
+                    // Flagged and copied payloads get no vote; the screen is a pure
+                    // function of the manifest's payloads and the recent steps', so
+                    // every node weighs them alike and stays bit-identical.
+                    let verdict = guard.screen(&layout, manifest.step, &contributions);
+                    let targets =
+                        guard.draw(manifest.step, &contributors, &contributions, &verdict);
+                    if cfg.defence.adversary.is_some() {
+                        attacker.seen = contributors
+                            .iter()
+                            .zip(&contributions)
+                            .filter(|(m, _)| **m != cfg.me)
+                            .map(|(_, c)| c.payload.clone())
+                            .collect();
                     }
-                    _ => {}
+                    trainer
+                        .apply_weighted(&contributions, &verdict.weights)
+                        .map_err(|e| e.to_string())?;
+                    (contributors, targets)
                 }
-            }
-            // Flagged and copied payloads get no vote; the screen is a pure
-            // function of the manifest's payloads and the recent steps', so
-            // every node weighs them alike and stays bit-identical.
-            let verdict = guard.screen(&layout, manifest.step, &contributions);
-            let targets = guard.draw(manifest.step, &contributors, &contributions, &verdict);
-            if cfg.defence.adversary.is_some() {
-                attacker.seen = contributors
-                    .iter()
-                    .zip(&contributions)
-                    .filter(|(m, _)| **m != cfg.me)
-                    .map(|(_, c)| c.payload.clone())
-                    .collect();
-            }
-            trainer
-                .apply_weighted(&contributions, &verdict.weights)
-                .map_err(|e| e.to_string())?;
+                // Every listed member counts once: the sums are the
+                // members' slices, checked against the roots they signed
+                // (the screen and audits need whole payloads, which no
+                // node of a sharded exchange holds).
+                Inputs::Sums(sums) => {
+                    let Some(shards) = &shards else {
+                        return Err("sums for a node on the all-to-all exchange".into());
+                    };
+                    trainer
+                        .apply_sums(shards, &sums)
+                        .map_err(|e| e.to_string())?;
+                    let listed: Vec<u32> = manifest.entries.iter().map(|e| e.0).collect();
+                    (listed, Vec::new())
+                }
+            };
             guard.remember(&trainer);
             if let Some(path) = &cfg.checkpoint {
                 trainer.save(path).map_err(|e| e.to_string())?;

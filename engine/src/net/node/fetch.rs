@@ -84,6 +84,7 @@ impl Net {
             Request::Sum { .. } => msg::PART as u64,
         };
         let deadline = Instant::now() + self.cfg.timing.deadline(bytes);
+        self.stats.bytes_out += req.encode().len() as u64;
         let id = self.swarm.behaviour_mut().blobs.send_request(peer, req);
         self.deadlines.insert(id, deadline);
         id
@@ -182,9 +183,11 @@ impl Net {
                 .map(|(_, raw)| raw)
                 .or_else(|| self.manifests_raw.get(&step))
                 .map_or(Response::NotFound, |b| Response::Manifest(b.clone())),
-            // The node runs the all-to-all exchange: it aggregates nothing.
             Request::Push { .. } | Request::Slice { .. } | Request::Sum { .. } => {
-                Response::NotFound
+                match self.member_of(from) {
+                    Some(m) => self.serve_sharded(m, req),
+                    None => Response::NotFound,
+                }
             }
             Request::Snapshot { step, offset } => self.snapshots.part(step, offset),
             Request::Momentum { step, offset } => self.momenta.part(step, offset),
@@ -252,12 +255,10 @@ impl Net {
                     chunk,
                 },
             ) => {
-                self.stats.bytes_in += chunk.len() as u64;
                 self.on_payload_part(hash, from, total, offset, chunk);
             }
             (Pending::Payload { hash, .. }, _) => self.machine.on_fetch_failed(hash),
             (Pending::Manifest, Response::Manifest(raw)) => {
-                self.stats.bytes_in += raw.len() as u64;
                 match msg::open(&raw).and_then(|s| self.admit(&s).map(|_| s)) {
                     Ok(Signed {
                         body: Body::Manifest(m),
@@ -279,7 +280,6 @@ impl Net {
                     chunk,
                 },
             ) => {
-                self.stats.bytes_in += chunk.len() as u64;
                 let Some(Download {
                     step: want_step,
                     state_hash: hash,
@@ -347,7 +347,6 @@ impl Net {
                     chunk,
                 },
             ) => {
-                self.stats.bytes_in += chunk.len() as u64;
                 self.on_momentum_chunk(step, member, total, offset, chunk);
             }
             (Pending::Momentum { step, member }, _) => {
@@ -357,6 +356,9 @@ impl Net {
                 self.on_cosign(round, member, Some(sig))
             }
             (Pending::Cosign { round, member }, _) => self.on_cosign(round, member, None),
+            (p @ (Pending::Push { .. } | Pending::Slice { .. } | Pending::Sum { .. }), resp) => {
+                self.on_sharded_response(p, resp)
+            }
         }
     }
 
@@ -436,7 +438,6 @@ impl Net {
     /// A payload that answered a request already given up: kept if this
     /// node still wants it.
     fn late_payload(&mut self, bytes: Vec<u8>) {
-        self.stats.bytes_in += bytes.len() as u64;
         let hash = *blake3::hash(&bytes).as_bytes();
         if bytes.len() > msg::PART || !self.machine.wants(&hash) {
             return;
@@ -493,6 +494,7 @@ impl Net {
             }
             Some(Pending::Momentum { step, member }) => self.reveal_failed(step, member, why),
             Some(Pending::Cosign { round, member }) => self.on_cosign(round, member, None),
+            Some(p) if p.is_sharded() => self.on_sharded_failure(p),
             _ => {}
         }
     }

@@ -68,6 +68,7 @@ impl Net {
         let step = match body {
             Body::Announce(a) => Some(a.step),
             Body::Manifest(m) => Some(m.step),
+            Body::SumHash(h) => Some(h.step),
             _ => None,
         };
         if step.is_some_and(|s| !self.machine.in_window(s)) {
@@ -109,7 +110,10 @@ impl Net {
         // re-gossip a dead leader's old ones.
         match signed.body {
             Body::Announce(a) => match self.machine.on_announce(now, &a) {
-                Verdict::Accepted => self.stats.accepted += 1,
+                Verdict::Accepted => {
+                    self.stats.accepted += 1;
+                    self.sharded_announce(&a);
+                }
                 Verdict::Duplicate => {
                     self.stats.drop(Drop::Replayed);
                     return acceptance(Drop::Replayed);
@@ -156,13 +160,16 @@ impl Net {
                 }
                 self.machine.on_ready(h.member, h.ready_from);
             }
-            Body::Accuse(a) => return self.on_accuse(&a),
-            // The node runs the all-to-all exchange, where no member
-            // aggregates: every honest node drops these alike.
-            Body::SumHash(_) => {
-                self.stats.drop(Drop::Malformed);
-                return acceptance(Drop::Malformed);
+            Body::Accuse(a) => {
+                // A false-sum accusation quotes the aggregator's signed
+                // claim: one that does not check out is forged.
+                if !self.on_false_sum(&a) {
+                    self.stats.drop(Drop::BadSignature);
+                    return acceptance(Drop::BadSignature);
+                }
+                return self.on_accuse(&a);
             }
+            Body::SumHash(h) => return self.on_sum_hash_gossip(h, &signed.raw),
         }
         MessageAcceptance::Accept
     }

@@ -7,6 +7,7 @@
 mod blobs;
 mod fetch;
 mod gossip;
+mod sharded;
 mod witness;
 
 use crate::adversary::Mode;
@@ -20,7 +21,7 @@ use crate::net::guard::Revealed;
 use crate::net::msg::{self, Accuse, Body, Drop, Heartbeat, Manifest, Request, Response, Signed};
 use crate::net::step::{Action, KEEP, StepMachine, Verdict};
 use crate::net::swarm::{self, Behaviour, BehaviourEvent};
-use crate::net::train::{FromTrainer, ToTrainer, now_us, train_loop};
+use crate::net::train::{FromTrainer, Inputs, ToTrainer, now_us, train_loop};
 use crate::trainer::{Identity, Trainer};
 use libp2p::futures::StreamExt;
 use libp2p::gossipsub::{self, IdentTopic, MessageAcceptance};
@@ -53,6 +54,35 @@ enum Pending {
         round: u64,
         member: u32,
     },
+    /// This node's slice of `shard`, pushed to aggregator `to`.
+    Push {
+        step: u32,
+        shard: u32,
+        to: u32,
+    },
+    /// `member`'s slice of `shard`, to aggregate or to recompute with.
+    Slice {
+        step: u32,
+        shard: u32,
+        member: u32,
+        recompute: bool,
+    },
+    /// The sum of `shard`, asked of aggregator `from`.
+    Sum {
+        step: u32,
+        shard: u32,
+        from: u32,
+    },
+}
+
+impl Pending {
+    /// Whether it belongs to the sharded exchange.
+    fn is_sharded(&self) -> bool {
+        matches!(
+            self,
+            Pending::Push { .. } | Pending::Slice { .. } | Pending::Sum { .. }
+        )
+    }
 }
 
 /// A momentum being downloaded for an audit.
@@ -195,6 +225,8 @@ struct Net {
     /// [`AUDIT_GRACE`] after its last step), so a slow witness still audits
     /// instead of dropping it.
     auditing: BTreeSet<(u32, u32)>,
+    /// The sharded exchange's driver, when the job runs it.
+    sharded: Option<sharded::Sharded>,
     /// Peers whose latest heartbeat says they still audit: their audits
     /// may need this node's momentum or count its accusation, so a
     /// finished node stays for them too (never past [`AUDIT_PATIENCE`] and
@@ -251,10 +283,31 @@ impl Net {
     }
 
     fn drive(&mut self) {
+        loop {
+            self.drive_steps();
+            if !self.drive_exchange() {
+                break;
+            }
+        }
+    }
+
+    fn drive_steps(&mut self) {
         let actions = self.machine.poll(self.now());
         for a in actions {
             tracing::trace!(me = self.cfg.me, action = ?a);
             match a {
+                // Nothing to fetch on the sharded exchange: a contribution's
+                // slices travel to its aggregators instead.
+                Action::Fetch { hash, .. } if self.sharded.is_some() => {
+                    let now = self.now();
+                    if let Some(step) = self.machine.on_payload(now, hash) {
+                        self.rewind(step);
+                    }
+                }
+                Action::Apply {
+                    manifest,
+                    same_history,
+                } if self.sharded.is_some() => self.sharded_manifest(manifest, same_history),
                 Action::Fetch { hash, from } => {
                     let offset = self.partial.get(&hash).map_or(0, |p| p.0.len() as u64);
                     let req = Request::Payload { hash, offset };
@@ -323,7 +376,7 @@ impl Net {
                     let last_produced_us = self.machine.last_produced_us(manifest.step);
                     let _ = self.to_trainer.send(ToTrainer::Apply {
                         manifest,
-                        payloads,
+                        inputs: Inputs::Payloads(payloads),
                         last_produced_us,
                         same_history,
                     });
@@ -469,6 +522,7 @@ impl Net {
         self.snapshots.keep_latest(4);
         let machine = &self.machine;
         self.partial.retain(|h, _| machine.wants(h));
+        self.prune_sharded(floor);
     }
 }
 
@@ -507,6 +561,7 @@ impl Net {
         topic: IdentTopic,
         to_trainer: std_mpsc::Sender<ToTrainer>,
         reports: bool,
+        sharded: Option<sharded::Sharded>,
     ) -> Self {
         let n = cfg.members.len();
         let numel = cfg.train.model.num_params() as u64;
@@ -569,6 +624,7 @@ impl Net {
             next_round: 0,
             owed_reports: BTreeMap::new(),
             reports,
+            sharded,
             cfg,
         }
     }
@@ -658,6 +714,9 @@ impl Net {
                         }
                         return;
                     }
+                    // Traffic is counted here, at the edge, for every
+                    // kind alike: what a request or an answer carries.
+                    self.stats.bytes_in += request.encode().len() as u64;
                     let resp = self.serve(&peer, request);
                     self.stats.bytes_out += resp.encode().len() as u64;
                     let _ = self
@@ -671,6 +730,7 @@ impl Net {
                     response,
                 } => {
                     self.links.entry(peer).or_default().1 += response.wire_len() as u64;
+                    self.stats.bytes_in += response.encode().len() as u64;
                     self.on_response(request_id, response);
                     self.drive();
                 }
@@ -736,14 +796,19 @@ impl Net {
                 self.momenta.keep_latest(2 * KEEP as usize);
                 self.next_contribution = announce.step + 1;
                 self.payload_len = bytes.len() as u64;
+                if let Ok(took) = Duration::try_from_secs_f64(compute_secs) {
+                    self.machine.on_compute(took);
+                }
+                // Announced once its slices reached the aggregators.
+                if self.sharded_contribution(announce.clone(), &bytes) {
+                    self.drive();
+                    return Ok(());
+                }
                 self.own_payloads
                     .insert(announce.payload_hash, announce.step);
                 let keep = announce.step.saturating_sub(2 * KEEP);
                 self.own_payloads.retain(|_, s| *s >= keep);
                 self.payloads.insert(announce.payload_hash, bytes);
-                if let Ok(took) = Duration::try_from_secs_f64(compute_secs) {
-                    self.machine.on_compute(took);
-                }
                 let now = self.now();
                 self.machine.on_local(now, &announce);
                 self.publish(msg::sign(&Body::Announce(announce), &self.key));
@@ -1092,7 +1157,11 @@ pub async fn run_with_control(
         })
         .map_err(|e| NodeError::Trainer(e.to_string()))?;
     let reports = control.is_some();
-    let mut net = Net::new(cfg, key, swarm, topic, to_trainer, reports);
+    let sharded = match cfg.exchange {
+        Some(plan) => Some(sharded::Sharded::new(&cfg, plan).map_err(NodeError::Config)?),
+        None => None,
+    };
+    let mut net = Net::new(cfg, key, swarm, topic, to_trainer, reports, sharded);
     let mut life = Life::new(&net.cfg, n);
     let mut tick = tokio::time::interval(Duration::from_millis(10));
     let mut beat = tokio::time::interval(Duration::from_millis(500));

@@ -1,0 +1,825 @@
+//! The node's side of the sharded exchange: turns [`Exchange`]'s actions
+//! into slice pushes, slice and sum requests and signed sum hashes, keeps
+//! the slices and sums this node holds or serves, and hands the trainer a
+//! step's sums once every shard's is accepted. The protocol's decisions
+//! are all the state machine's (`net::exchange`); this is its I/O.
+//!
+//! What a member's slices are is fixed by the root it signed in its own
+//! announcement: a root only a manifest names (a leader's doing) proves
+//! nothing, so a slice is checked against announced roots only.
+
+use super::gossip::acceptance;
+use super::*;
+use crate::compress::Layout;
+use crate::net::exchange::{self, Action as XAction, Exchange, ManifestId, Plan};
+use crate::net::msg::{Announce, Slice, SumHash};
+use crate::shard::{self, Shard};
+
+/// This node's slices of one contribution, with their Merkle paths.
+struct Own {
+    slices: Vec<Vec<bool>>,
+    paths: Vec<Vec<[u8; 32]>>,
+}
+
+/// A sum hash an aggregator signed, and its signature.
+type Claim = ([u8; 32], [u8; 64]);
+
+/// A recomputation under way: the slices `manifest` lists, fetched.
+struct Recompute {
+    manifest: ManifestId,
+    members: Vec<u32>,
+    got: BTreeMap<u32, Vec<bool>>,
+}
+
+/// A manifest the step machine told this node to apply, waiting for its
+/// sums.
+struct ToApply {
+    manifest: Manifest,
+    same_history: bool,
+    last_produced_us: u64,
+}
+
+pub(super) struct Sharded {
+    ex: Exchange,
+    plan: Plan,
+    layout: Layout,
+    shards: Vec<Shard>,
+    /// Steps opened in the exchange, with their seats per shard.
+    seats: BTreeMap<u32, Vec<Vec<u32>>>,
+    own: BTreeMap<u32, Own>,
+    /// This node's announcement per step, gossiped once every shard holds
+    /// its slice at one aggregator at least.
+    unannounced: BTreeMap<u32, Announce>,
+    /// The root each member signed in its announcement: (step, member).
+    roots: BTreeMap<(u32, u32), [u8; 32]>,
+    /// Slices pushed before their author's announcement was heard.
+    unchecked: BTreeMap<(u32, u32, u32), Slice>,
+    /// Slices held and checked: (step, shard, member).
+    held: BTreeMap<(u32, u32, u32), Slice>,
+    /// Sums by (step, shard, hash): fetched, recomputed or published.
+    sums: BTreeMap<(u32, u32, [u8; 32]), Vec<i32>>,
+    /// What this node serves as an aggregator: (step, shard, manifest).
+    serving: BTreeMap<(u32, u32, ManifestId), Vec<i32>>,
+    /// Signed sum hashes heard: (step, shard, aggregator, manifest) →
+    /// (hash, signature), the proof a conviction quotes.
+    claims: BTreeMap<(u32, u32, u32, ManifestId), Claim>,
+    recomputing: BTreeMap<(u32, u32), Recompute>,
+    /// Per step: the manifest the exchange sums, and its listed members.
+    manifests: BTreeMap<u32, (ManifestId, Vec<u32>)>,
+    to_apply: BTreeMap<u32, ToApply>,
+    /// Steps whose every shard's sum is accepted.
+    ready: BTreeSet<u32>,
+}
+
+/// Evidence id of a false-sum conviction: one per claim.
+fn false_sum_evidence(h: &SumHash) -> [u8; 32] {
+    let mut b = blake3::Hasher::new();
+    b.update(b"cohort-false-sum-v1");
+    b.update(&h.job);
+    b.update(&h.epoch.to_le_bytes());
+    b.update(&h.step.to_le_bytes());
+    b.update(&h.shard.to_le_bytes());
+    b.update(&h.aggregator.to_le_bytes());
+    b.update(&h.manifest);
+    b.update(&h.hash);
+    *b.finalize().as_bytes()
+}
+
+impl Sharded {
+    pub(super) fn new(cfg: &NodeConfig, plan: Plan) -> Result<Self, String> {
+        let shapes: Vec<Vec<usize>> = cfg
+            .train
+            .model
+            .shapes()
+            .into_iter()
+            .map(|(_, s)| s)
+            .collect();
+        let layout = Layout::new(&shapes, &cfg.train.compress);
+        let shards = shard::split(&layout, plan.shards).map_err(|e| e.to_string())?;
+        if let Some(s) = shards.iter().find(|s| s.positions > msg::MAX_SLICE_SIGNS) {
+            return Err(format!(
+                "a shard of {} positions is over the {} a slice carries: use more shards",
+                s.positions,
+                msg::MAX_SLICE_SIGNS
+            ));
+        }
+        Ok(Self {
+            ex: Exchange::new(cfg.me, plan.timing),
+            plan,
+            layout,
+            shards,
+            seats: BTreeMap::new(),
+            own: BTreeMap::new(),
+            unannounced: BTreeMap::new(),
+            roots: BTreeMap::new(),
+            unchecked: BTreeMap::new(),
+            held: BTreeMap::new(),
+            sums: BTreeMap::new(),
+            serving: BTreeMap::new(),
+            claims: BTreeMap::new(),
+            recomputing: BTreeMap::new(),
+            manifests: BTreeMap::new(),
+            to_apply: BTreeMap::new(),
+            ready: BTreeSet::new(),
+        })
+    }
+
+    /// Forgets every step before `step`.
+    fn forget_before(&mut self, step: u32) {
+        self.ex.forget_before(step);
+        self.seats = self.seats.split_off(&step);
+        self.own = self.own.split_off(&step);
+        self.unannounced = self.unannounced.split_off(&step);
+        self.roots = self.roots.split_off(&(step, 0));
+        self.unchecked = self.unchecked.split_off(&(step, 0, 0));
+        self.held = self.held.split_off(&(step, 0, 0));
+        self.sums = self.sums.split_off(&(step, 0, [0; 32]));
+        self.serving = self.serving.split_off(&(step, 0, [0; 32]));
+        self.claims = self.claims.split_off(&(step, 0, 0, [0; 32]));
+        self.recomputing = self.recomputing.split_off(&(step, 0));
+        self.manifests = self.manifests.split_off(&step);
+        self.to_apply = self.to_apply.split_off(&step);
+        self.ready = self.ready.split_off(&step);
+    }
+
+    /// `member`'s slice of `shard` at `step`, if this node holds it.
+    fn slice(&self, me: u32, step: u32, shard: u32, member: u32) -> Option<Slice> {
+        if member == me {
+            let own = self.own.get(&step)?;
+            return Some(Slice {
+                signs: own.slices.get(shard as usize)?.clone(),
+                path: own.paths[shard as usize].clone(),
+            });
+        }
+        self.held.get(&(step, shard, member)).cloned()
+    }
+
+    /// Sums a recomputation once every slice is in.
+    fn finish_recompute(&mut self, step: u32, shard: u32) {
+        let Some(r) = self.recomputing.get(&(step, shard)) else {
+            return;
+        };
+        if r.got.len() < r.members.len() {
+            return;
+        }
+        let Some(r) = self.recomputing.remove(&(step, shard)) else {
+            return;
+        };
+        let weighted: Vec<(&[bool], i32)> = r
+            .members
+            .iter()
+            .filter_map(|m| r.got.get(m))
+            .map(|s| (s.as_slice(), 1))
+            .collect();
+        let Ok(sums) = shard::sum(&weighted, self.shards[shard as usize].positions) else {
+            return;
+        };
+        let h = msg::sum_hash(&sums);
+        self.sums.insert((step, shard, h), sums);
+        self.ex.on_recomputed(step, shard, r.manifest, h);
+    }
+
+    /// Whether `slice` is `member`'s slice of `shard`, by its announced root.
+    fn checks_out(&self, step: u32, shard: u32, member: u32, slice: &Slice) -> bool {
+        let shard_len = self.shards.get(shard as usize).map(|s| s.positions);
+        shard_len == Some(slice.signs.len())
+            && self
+                .roots
+                .get(&(step, member))
+                .is_some_and(|root| slice.proves(root, self.shards.len(), shard as usize))
+    }
+}
+
+impl Net {
+    /// Runs `f` on the sharded exchange's driver, if this node runs one.
+    fn with_sharded<R>(&mut self, f: impl FnOnce(&mut Net, &mut Sharded) -> R) -> Option<R> {
+        let mut sh = self.sharded.take()?;
+        let r = f(self, &mut sh);
+        self.sharded = Some(sh);
+        Some(r)
+    }
+
+    /// Opens `step` in the exchange with its seats, if it is in the window
+    /// and not open yet. False when it cannot be (outside the window).
+    fn open_step(&mut self, sh: &mut Sharded, step: u32) -> bool {
+        if sh.seats.contains_key(&step) {
+            return true;
+        }
+        if !self.machine.in_window(step) {
+            return false;
+        }
+        let n = self.cfg.members.len();
+        let members: Vec<u32> = (0..n as u32).collect();
+        let redundancy = sh.plan.redundancy.min(n);
+        let Ok((seats, reserve)) =
+            exchange::seating(&self.cfg.seed, step, &members, sh.plan.shards, redundancy)
+        else {
+            return false;
+        };
+        // The checks are drawn from this node's secret: nobody can tell
+        // which shards it recomputes.
+        let mut draw = blake3::Hasher::new();
+        draw.update(b"cohort-checks-v1");
+        draw.update(&self.cfg.secret);
+        draw.update(&step.to_le_bytes());
+        let mut stream = draw.finalize_xof();
+        let next = || {
+            let mut b = [0u8; 8];
+            stream.fill(&mut b);
+            (u64::from_le_bytes(b) >> 11) as f64 / (1u64 << 53) as f64
+        };
+        let (spots, backups) =
+            exchange::checks(sh.plan.shards, sh.plan.spots, sh.plan.backups, n, next);
+        sh.ex.open(step, seats.clone(), reserve, &spots, &backups);
+        sh.seats.insert(step, seats);
+        true
+    }
+
+    /// This node's contribution: cut into slices, committed by the root
+    /// its announcement signs, and pushed to the aggregators; announced
+    /// once every shard reached one of them.
+    pub(super) fn sharded_contribution(&mut self, mut announce: Announce, bytes: &[u8]) -> bool {
+        self.with_sharded(|net, sh| {
+            let payload = match crate::wire::Contribution::decode_signed(bytes, &sh.layout) {
+                Ok(c) => c.payload,
+                Err(e) => {
+                    tracing::error!(me = net.cfg.me, %e, "own contribution does not decode");
+                    return;
+                }
+            };
+            let slices: Vec<Vec<bool>> = sh
+                .shards
+                .iter()
+                .map(|s| shard::slice(s, &sh.layout, &payload))
+                .collect();
+            let leaves: Vec<_> = slices
+                .iter()
+                .enumerate()
+                .map(|(i, s)| shard::slice_leaf(i, s))
+                .collect();
+            let paths = (0..slices.len())
+                .map(|i| crate::merkle::path(&leaves, i))
+                .collect();
+            let step = announce.step;
+            announce.payload_hash = shard::commit(&slices);
+            sh.roots.insert((step, net.cfg.me), announce.payload_hash);
+            sh.own.insert(step, Own { slices, paths });
+            sh.unannounced.insert(step, announce);
+            if net.open_step(sh, step) {
+                sh.ex.on_computed(step);
+            }
+        })
+        .is_some()
+    }
+
+    /// A member's announcement was taken by the step machine: its root is
+    /// what its slices are checked against.
+    pub(super) fn sharded_announce(&mut self, a: &Announce) {
+        self.with_sharded(|_, sh| {
+            sh.roots.entry((a.step, a.member)).or_insert(a.payload_hash);
+            let waiting: Vec<_> = sh
+                .unchecked
+                .range((a.step, 0, 0)..(a.step + 1, 0, 0))
+                .filter(|(k, _)| k.2 == a.member)
+                .map(|(k, _)| *k)
+                .collect();
+            for k in waiting {
+                if let Some(slice) = sh.unchecked.remove(&k)
+                    && sh.checks_out(k.0, k.1, k.2, &slice)
+                {
+                    sh.held.insert(k, slice);
+                    sh.ex.on_slice(k.0, k.1, k.2);
+                }
+            }
+        });
+    }
+
+    /// The step machine agreed on `manifest` for its step: the exchange
+    /// sums it, and the trainer gets it once every shard's sum is in.
+    pub(super) fn sharded_manifest(&mut self, manifest: Manifest, same_history: bool) {
+        let last_produced_us = self.machine.last_produced_us(manifest.step);
+        let now = self.now();
+        self.with_sharded(|net, sh| {
+            let step = manifest.step;
+            if !net.open_step(sh, step) {
+                return;
+            }
+            let id = manifest.id();
+            let members: Vec<u32> = manifest.entries.iter().map(|e| e.0).collect();
+            sh.manifests.insert(step, (id, members.clone()));
+            sh.ex.on_manifest(now, step, id, &members);
+            sh.to_apply.insert(
+                step,
+                ToApply {
+                    manifest,
+                    same_history,
+                    last_produced_us,
+                },
+            );
+        });
+        self.sharded_try_apply();
+    }
+
+    /// Hands the trainer the next step whose manifest and sums are both in.
+    fn sharded_try_apply(&mut self) {
+        self.with_sharded(|net, sh| {
+            let ready: Vec<u32> = sh
+                .to_apply
+                .keys()
+                .copied()
+                .filter(|s| sh.ready.contains(s))
+                .collect();
+            for step in ready {
+                let mut sums = Vec::with_capacity(sh.shards.len());
+                for s in 0..sh.shards.len() as u32 {
+                    let Some(v) = sh
+                        .ex
+                        .accepted(step, s)
+                        .and_then(|h| sh.sums.get(&(step, s, h)))
+                    else {
+                        tracing::error!(me = net.cfg.me, step, shard = s, "accepted sum not held");
+                        return;
+                    };
+                    sums.push(v.clone());
+                }
+                let Some(t) = sh.to_apply.remove(&step) else {
+                    continue;
+                };
+                sh.ready.remove(&step);
+                if let Some((_, raw)) = net.ranked_raw.get(&t.manifest.id()) {
+                    net.manifests_raw.insert(step, raw.clone());
+                }
+                let _ = net.to_trainer.send(ToTrainer::Apply {
+                    manifest: t.manifest,
+                    inputs: Inputs::Sums(sums),
+                    last_produced_us: t.last_produced_us,
+                    same_history: t.same_history,
+                });
+            }
+        });
+    }
+
+    /// Drives the exchange until it has nothing to do; true if it did
+    /// anything the step machine must see.
+    pub(super) fn drive_exchange(&mut self) -> bool {
+        let now = self.now();
+        let Some(actions) = self.sharded.as_mut().map(|sh| sh.ex.poll(now)) else {
+            return false;
+        };
+        let mut touched = false;
+        for a in actions {
+            tracing::trace!(me = self.cfg.me, action = ?a, "exchange");
+            touched |= self.on_exchange(a);
+        }
+        self.sharded_try_apply();
+        touched
+    }
+
+    fn on_exchange(&mut self, a: XAction) -> bool {
+        let me = self.cfg.me;
+        let now = self.now();
+        self.with_sharded(|net, sh| match a {
+            XAction::Push { step, shard, to } => {
+                let Some(slice) = sh.slice(me, step, shard, me) else {
+                    return false;
+                };
+                let req = Request::Push { step, shard, slice };
+                if !net.ask(to, req, Pending::Push { step, shard, to }) {
+                    sh.ex.on_push_failed(now, step, shard, to);
+                }
+                false
+            }
+            XAction::Announce { step } => {
+                let Some(announce) = sh.unannounced.remove(&step) else {
+                    return false;
+                };
+                net.machine.on_local(now, &announce);
+                let _ = net.machine.on_payload(now, announce.payload_hash);
+                net.publish(msg::sign(&Body::Announce(announce), &net.key));
+                true
+            }
+            XAction::FetchSlice {
+                step,
+                shard,
+                member,
+                from,
+            } => {
+                let req = Request::Slice {
+                    step,
+                    shard,
+                    member,
+                };
+                let what = Pending::Slice {
+                    step,
+                    shard,
+                    member,
+                    recompute: false,
+                };
+                if !net.ask(from, req, what) {
+                    sh.ex.on_slice_failed(now, step, shard, member);
+                }
+                false
+            }
+            XAction::PublishSum {
+                step,
+                shard,
+                manifest,
+            } => {
+                let Some((id, members)) = sh.manifests.get(&step).cloned() else {
+                    return false;
+                };
+                if id != manifest {
+                    return false;
+                }
+                let slices: Option<Vec<Vec<bool>>> = members
+                    .iter()
+                    .map(|&m| sh.slice(me, step, shard, m).map(|s| s.signs))
+                    .collect();
+                let Some(slices) = slices else {
+                    tracing::error!(me, step, shard, "publishing a sum without its slices");
+                    return false;
+                };
+                let weighted: Vec<(&[bool], i32)> =
+                    slices.iter().map(|s| (s.as_slice(), 1)).collect();
+                let Ok(mut sums) = shard::sum(&weighted, sh.shards[shard as usize].positions)
+                else {
+                    return false;
+                };
+                if net.cfg.defence.adversary == Some(Mode::LyingAggregator)
+                    && let Some(v) = sums.first_mut()
+                {
+                    *v += if *v > 0 { -1 } else { 1 };
+                }
+                let hash = msg::sum_hash(&sums);
+                let claim = SumHash {
+                    job: net.cfg.job,
+                    epoch: net.cfg.epoch,
+                    step,
+                    shard,
+                    aggregator: me,
+                    manifest,
+                    hash,
+                };
+                let raw = msg::sign(&Body::SumHash(claim), &net.key);
+                if let Some(sig) = msg::signature(&raw) {
+                    sh.claims.insert((step, shard, me, manifest), (hash, sig));
+                }
+                net.publish(raw);
+                sh.sums.insert((step, shard, hash), sums.clone());
+                sh.serving.insert((step, shard, manifest), sums);
+                sh.ex.on_sum_hash(now, step, shard, me, manifest, hash);
+                false
+            }
+            XAction::FetchSum { step, shard, from } => {
+                let Some(manifest) = sh.manifests.get(&step).map(|(id, _)| *id) else {
+                    sh.ex.on_fetch_failed(now, step, shard);
+                    return false;
+                };
+                if from == me {
+                    match sh.serving.get(&(step, shard, manifest)) {
+                        Some(v) => {
+                            let h = msg::sum_hash(v);
+                            sh.ex.on_sum(now, step, shard, from, h);
+                        }
+                        None => sh.ex.on_fetch_failed(now, step, shard),
+                    }
+                    return false;
+                }
+                let req = Request::Sum {
+                    step,
+                    shard,
+                    manifest,
+                };
+                if !net.ask(from, req, Pending::Sum { step, shard, from }) {
+                    sh.ex.on_fetch_failed(now, step, shard);
+                }
+                false
+            }
+            XAction::Recompute {
+                step,
+                shard,
+                from,
+                manifest,
+            } => {
+                let Some((id, members)) = sh.manifests.get(&step).cloned() else {
+                    sh.ex.on_fetch_failed(now, step, shard);
+                    return false;
+                };
+                if id != manifest {
+                    sh.ex.on_fetch_failed(now, step, shard);
+                    return false;
+                }
+                let mut r = Recompute {
+                    manifest,
+                    members: members.clone(),
+                    got: BTreeMap::new(),
+                };
+                let mut ask = Vec::new();
+                for &m in &members {
+                    match sh.slice(me, step, shard, m) {
+                        Some(s) => {
+                            r.got.insert(m, s.signs);
+                        }
+                        None => ask.push(m),
+                    }
+                }
+                if from == me && !ask.is_empty() {
+                    sh.ex.on_fetch_failed(now, step, shard);
+                    return false;
+                }
+                sh.recomputing.insert((step, shard), r);
+                for m in ask {
+                    let req = Request::Slice {
+                        step,
+                        shard,
+                        member: m,
+                    };
+                    let what = Pending::Slice {
+                        step,
+                        shard,
+                        member: m,
+                        recompute: true,
+                    };
+                    if !net.ask(from, req, what) {
+                        sh.recomputing.remove(&(step, shard));
+                        sh.ex.on_fetch_failed(now, step, shard);
+                        return false;
+                    }
+                }
+                sh.finish_recompute(step, shard);
+                false
+            }
+            XAction::Convict {
+                step,
+                shard,
+                aggregator,
+                manifest,
+            } => {
+                let Some(&(hash, sig)) = sh.claims.get(&(step, shard, aggregator, manifest)) else {
+                    return false;
+                };
+                let claim = SumHash {
+                    job: net.cfg.job,
+                    epoch: net.cfg.epoch,
+                    step,
+                    shard,
+                    aggregator,
+                    manifest,
+                    hash,
+                };
+                net.stats.false_sums += 1;
+                tracing::warn!(
+                    me,
+                    step,
+                    shard,
+                    aggregator,
+                    "an aggregator signed a false sum"
+                );
+                let evidence = false_sum_evidence(&claim);
+                net.accuse_leader(
+                    aggregator,
+                    step,
+                    evidence,
+                    Ground::FalseSum {
+                        shard,
+                        manifest,
+                        hash,
+                        sig,
+                    },
+                );
+                false
+            }
+            XAction::Apply { step } => {
+                sh.ready.insert(step);
+                false
+            }
+            XAction::Rewind { step } => {
+                tracing::warn!(me, step, "a sum applied was proven false: rewinding");
+                sh.ready.remove(&step);
+                if let Some((id, _)) = sh.manifests.get(&step)
+                    && let Some(m) = net.machine.manifest(step).filter(|m| m.id() == *id)
+                {
+                    let parent = m.parent;
+                    net.rewind(step);
+                    net.machine.resync(step, parent);
+                }
+                true
+            }
+        })
+        .unwrap_or(false)
+    }
+
+    /// An answer to one of the exchange's requests.
+    pub(super) fn on_sharded_response(&mut self, p: Pending, resp: Response) {
+        let now = self.now();
+        let me = self.cfg.me;
+        self.with_sharded(|_, sh| match (p, resp) {
+            (Pending::Push { step, shard, .. }, Response::Taken) => {
+                sh.ex.on_pushed(step, shard);
+            }
+            (Pending::Push { step, shard, to }, _) => sh.ex.on_push_failed(now, step, shard, to),
+            (
+                Pending::Slice {
+                    step,
+                    shard,
+                    member,
+                    recompute,
+                },
+                Response::Slice(slice),
+            ) if sh.checks_out(step, shard, member, &slice) => {
+                if recompute {
+                    if let Some(r) = sh.recomputing.get_mut(&(step, shard)) {
+                        r.got.insert(member, slice.signs.clone());
+                    }
+                    sh.finish_recompute(step, shard);
+                }
+                // An aggregator keeps what it fetched (to sum and serve).
+                if sh
+                    .seats
+                    .get(&step)
+                    .is_some_and(|s| s.get(shard as usize).is_some_and(|x| x.contains(&me)))
+                    || !recompute
+                {
+                    sh.held.insert((step, shard, member), slice);
+                    sh.ex.on_slice(step, shard, member);
+                }
+            }
+            (
+                Pending::Slice {
+                    step,
+                    shard,
+                    member,
+                    recompute,
+                },
+                _,
+            ) => {
+                if recompute {
+                    if sh.recomputing.remove(&(step, shard)).is_some() {
+                        sh.ex.on_fetch_failed(now, step, shard);
+                    }
+                } else {
+                    sh.ex.on_slice_failed(now, step, shard, member);
+                }
+            }
+            (Pending::Sum { step, shard, from }, Response::Sum(v))
+                if sh
+                    .shards
+                    .get(shard as usize)
+                    .is_some_and(|s| s.positions == v.len()) =>
+            {
+                let h = msg::sum_hash(&v);
+                sh.sums.insert((step, shard, h), v);
+                sh.ex.on_sum(now, step, shard, from, h);
+            }
+            (Pending::Sum { step, shard, .. }, _) => sh.ex.on_fetch_failed(now, step, shard),
+            _ => {}
+        });
+        self.drive();
+    }
+
+    /// One of the exchange's requests failed or timed out.
+    pub(super) fn on_sharded_failure(&mut self, p: Pending) {
+        self.on_sharded_response(p, Response::NotFound);
+    }
+
+    /// A request for the exchange's data, from member `from`.
+    pub(super) fn serve_sharded(&mut self, from: u32, req: Request) -> Response {
+        let me = self.cfg.me;
+        let r = self.with_sharded(|net, sh| match req {
+            Request::Push { step, shard, slice } => {
+                if !net.open_step(sh, step) {
+                    return Response::NotFound;
+                }
+                let seated = sh
+                    .seats
+                    .get(&step)
+                    .is_some_and(|s| s.get(shard as usize).is_some_and(|x| x.contains(&me)));
+                if !seated {
+                    return Response::NotFound;
+                }
+                let k = (step, shard, from);
+                if sh.roots.contains_key(&(step, from)) {
+                    if !sh.checks_out(step, shard, from, &slice) {
+                        net.stats.drop(Drop::BadBlob);
+                        return Response::NotFound;
+                    }
+                    sh.held.insert(k, slice);
+                    sh.ex.on_slice(step, shard, from);
+                } else if sh.shards.get(shard as usize).map(|s| s.positions)
+                    == Some(slice.signs.len())
+                {
+                    // Checked once its author announces: pushes come first.
+                    sh.unchecked.insert(k, slice);
+                } else {
+                    net.stats.drop(Drop::BadBlob);
+                    return Response::NotFound;
+                }
+                Response::Taken
+            }
+            Request::Slice {
+                step,
+                shard,
+                member,
+            } => sh
+                .slice(me, step, shard, member)
+                .map_or(Response::NotFound, Response::Slice),
+            Request::Sum {
+                step,
+                shard,
+                manifest,
+            } => sh
+                .serving
+                .get(&(step, shard, manifest))
+                .map_or(Response::NotFound, |v| Response::Sum(v.clone())),
+            _ => Response::NotFound,
+        });
+        self.drive();
+        r.unwrap_or(Response::NotFound)
+    }
+
+    /// An aggregator's signed sum hash from gossip.
+    pub(super) fn on_sum_hash_gossip(&mut self, h: SumHash, raw: &[u8]) -> MessageAcceptance {
+        let now = self.now();
+        let r = self.with_sharded(|net, sh| {
+            if !net.open_step(sh, h.step) {
+                net.stats.drop(Drop::OutOfWindow);
+                return MessageAcceptance::Ignore;
+            }
+            match sh
+                .ex
+                .on_sum_hash(now, h.step, h.shard, h.aggregator, h.manifest, h.hash)
+            {
+                exchange::Verdict::NotASeat => {
+                    net.stats.drop(Drop::NotMember);
+                    MessageAcceptance::Reject
+                }
+                exchange::Verdict::Duplicate => MessageAcceptance::Ignore,
+                _ => {
+                    if let Some(sig) = msg::signature(raw) {
+                        sh.claims
+                            .entry((h.step, h.shard, h.aggregator, h.manifest))
+                            .or_insert((h.hash, sig));
+                    }
+                    net.stats.accepted += 1;
+                    MessageAcceptance::Accept
+                }
+            }
+        });
+        self.drive();
+        r.unwrap_or_else(|| {
+            // A job on the all-to-all exchange has no aggregators: every
+            // honest node drops these alike.
+            self.stats.drop(Drop::Malformed);
+            acceptance(Drop::Malformed)
+        })
+    }
+
+    /// A false-sum accusation: the quoted claim must carry the accused
+    /// aggregator's signature; this node then recomputes the shard itself.
+    /// False when the quote does not check out.
+    pub(super) fn on_false_sum(&mut self, a: &Accuse) -> bool {
+        let Ground::FalseSum {
+            shard,
+            manifest,
+            hash,
+            sig,
+        } = a.ground
+        else {
+            return true;
+        };
+        let claim = SumHash {
+            job: a.job,
+            epoch: a.epoch,
+            step: a.step,
+            shard,
+            aggregator: a.accused,
+            manifest,
+            hash,
+        };
+        let Some(key) = self.cfg.members.get(a.accused as usize) else {
+            return false;
+        };
+        if !msg::signed_by(&Body::SumHash(claim.clone()), key, &sig)
+            || a.evidence != false_sum_evidence(&claim)
+        {
+            return false;
+        }
+        self.with_sharded(|net, sh| {
+            if net.open_step(sh, a.step) {
+                sh.claims
+                    .entry((a.step, shard, a.accused, manifest))
+                    .or_insert((hash, sig));
+                sh.ex.on_evidence(a.step, shard, manifest);
+            }
+        });
+        self.drive();
+        true
+    }
+
+    /// Forgets the exchange's steps the node no longer keeps.
+    pub(super) fn prune_sharded(&mut self, floor: u32) {
+        if let Some(sh) = self.sharded.as_mut() {
+            sh.forget_before(floor);
+        }
+    }
+}
