@@ -10,8 +10,8 @@ use crate::peers;
 use crate::report::{self, Figures};
 use anyhow::{Context, Result, bail};
 use cohort_engine::compress::Layout;
-use cohort_engine::trainer::TrainConfig;
 use cohort_engine::model::ModelConfig;
+use cohort_engine::trainer::TrainConfig;
 use cohort_engine::{shard, wire};
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -225,7 +225,9 @@ pub fn run(raw: &[String]) -> Result<()> {
         s.members,
         s.members
     );
-    println!("\n| exchange | wire sent | wire received | messages sent | messages received | s/step |");
+    println!(
+        "\n| exchange | wire sent | wire received | messages sent | messages received | s/step |"
+    );
     for ((label, key, _), rs) in variants.iter().zip(&runs) {
         let cols: [(&str, (f64, f64, f64)); 4] = [
             ("wire_sent", over_members(rs, |r| &r.wire_up)),
@@ -260,7 +262,10 @@ pub fn run(raw: &[String]) -> Result<()> {
             f.num(&format!("{key}_{what}_bytes_per_member_step_mean"), mean)
                 .num(&format!("{key}_{what}_bytes_per_member_step_min"), min)
                 .num(&format!("{key}_{what}_bytes_per_member_step_max"), max)
-                .num(&format!("{key}_{what}_payloads_per_member_step_mean"), mean / payload);
+                .num(
+                    &format!("{key}_{what}_payloads_per_member_step_mean"),
+                    mean / payload,
+                );
         }
         f.num(&format!("{key}_secs_per_step_mean"), secs.0)
             .num(&format!("{key}_secs_per_step_min"), secs.1)

@@ -194,13 +194,14 @@ pub enum Action {
         from: u32,
         manifest: ManifestId,
     },
-    /// `aggregator` signed, for `manifest`, a hash for `shard` that the
-    /// slices do not give.
+    /// `aggregator` signed, for `manifest`, `hash` for `shard`, which the
+    /// slices do not give (the proof quotes that very hash).
     Convict {
         step: u32,
         shard: u32,
         aggregator: u32,
         manifest: ManifestId,
+        hash: Hash,
     },
     /// Every shard's sum is accepted: the step can apply.
     Apply { step: u32 },
@@ -913,12 +914,15 @@ impl Exchange {
             .collect();
         if let Some(truth) = r.truth {
             for (i, h) in signed_for.iter().enumerate() {
-                if h.is_some_and(|h| h != truth) && r.convicted.insert(i) {
+                if let Some(h) = h.filter(|h| *h != truth)
+                    && r.convicted.insert(i)
+                {
                     self.out.push(Action::Convict {
                         step,
                         shard,
                         aggregator: seats[i],
                         manifest,
+                        hash: h,
                     });
                 }
             }
@@ -1204,6 +1208,7 @@ mod tests {
                     shard,
                     aggregator,
                     manifest,
+                    ..
                 } => {
                     self.convicted.insert((i, aggregator));
                     // The proof reaches everyone.

@@ -21,8 +21,8 @@ struct Own {
     paths: Vec<Vec<[u8; 32]>>,
 }
 
-/// A sum hash an aggregator signed, and its signature.
-type Claim = ([u8; 32], [u8; 64]);
+/// A signed sum hash: (step, shard, aggregator, manifest, hash).
+type ClaimKey = (u32, u32, u32, ManifestId, [u8; 32]);
 
 /// A recomputation under way: the slices `manifest` lists, fetched.
 struct Recompute {
@@ -52,6 +52,11 @@ pub(super) struct Sharded {
     unannounced: BTreeMap<u32, Announce>,
     /// The root each member signed in its announcement: (step, member).
     roots: BTreeMap<(u32, u32), [u8; 32]>,
+    /// The root the step's manifest lists per member: what every node that
+    /// takes that manifest checks slices against, whatever announcement it
+    /// heard (a member that announced two roots to two halves of the job
+    /// would otherwise split them, and get honest seats convicted).
+    listed: BTreeMap<(u32, u32), [u8; 32]>,
     /// Slices pushed before their author's announcement was heard.
     unchecked: BTreeMap<(u32, u32, u32), Slice>,
     /// Slices held and checked: (step, shard, member).
@@ -60,15 +65,13 @@ pub(super) struct Sharded {
     sums: BTreeMap<(u32, u32, [u8; 32]), Vec<i32>>,
     /// What this node serves as an aggregator: (step, shard, manifest).
     serving: BTreeMap<(u32, u32, ManifestId), Vec<i32>>,
-    /// Signed sum hashes heard: (step, shard, aggregator, manifest) →
-    /// (hash, signature), the proof a conviction quotes.
-    claims: BTreeMap<(u32, u32, u32, ManifestId), Claim>,
+    /// Signed sum hashes heard: (step, shard, aggregator, manifest, hash)
+    /// → signature, the proof a conviction quotes.
+    claims: BTreeMap<ClaimKey, [u8; 64]>,
     recomputing: BTreeMap<(u32, u32), Recompute>,
     /// Per step: the manifest the exchange sums, and its listed members.
     manifests: BTreeMap<u32, (ManifestId, Vec<u32>)>,
     to_apply: BTreeMap<u32, ToApply>,
-    /// Steps whose every shard's sum is accepted.
-    ready: BTreeSet<u32>,
 }
 
 /// Evidence id of a false-sum conviction: one per claim.
@@ -112,6 +115,7 @@ impl Sharded {
             own: BTreeMap::new(),
             unannounced: BTreeMap::new(),
             roots: BTreeMap::new(),
+            listed: BTreeMap::new(),
             unchecked: BTreeMap::new(),
             held: BTreeMap::new(),
             sums: BTreeMap::new(),
@@ -120,7 +124,6 @@ impl Sharded {
             recomputing: BTreeMap::new(),
             manifests: BTreeMap::new(),
             to_apply: BTreeMap::new(),
-            ready: BTreeSet::new(),
         })
     }
 
@@ -131,15 +134,15 @@ impl Sharded {
         self.own = self.own.split_off(&step);
         self.unannounced = self.unannounced.split_off(&step);
         self.roots = self.roots.split_off(&(step, 0));
+        self.listed = self.listed.split_off(&(step, 0));
         self.unchecked = self.unchecked.split_off(&(step, 0, 0));
         self.held = self.held.split_off(&(step, 0, 0));
         self.sums = self.sums.split_off(&(step, 0, [0; 32]));
         self.serving = self.serving.split_off(&(step, 0, [0; 32]));
-        self.claims = self.claims.split_off(&(step, 0, 0, [0; 32]));
+        self.claims = self.claims.split_off(&(step, 0, 0, [0; 32], [0; 32]));
         self.recomputing = self.recomputing.split_off(&(step, 0));
         self.manifests = self.manifests.split_off(&step);
         self.to_apply = self.to_apply.split_off(&step);
-        self.ready = self.ready.split_off(&step);
     }
 
     /// `member`'s slice of `shard` at `step`, if this node holds it.
@@ -159,7 +162,7 @@ impl Sharded {
         let Some(r) = self.recomputing.get(&(step, shard)) else {
             return;
         };
-        if r.got.len() < r.members.len() {
+        if !r.members.iter().all(|m| r.got.contains_key(m)) {
             return;
         }
         let Some(r) = self.recomputing.remove(&(step, shard)) else {
@@ -179,14 +182,18 @@ impl Sharded {
         self.ex.on_recomputed(step, shard, r.manifest, h);
     }
 
-    /// Whether `slice` is `member`'s slice of `shard`, by its announced root.
+    /// Whether `slice` is `member`'s slice of `shard`: by the root the
+    /// step's manifest lists once it is known, by the member's announced
+    /// root before.
     fn checks_out(&self, step: u32, shard: u32, member: u32, slice: &Slice) -> bool {
         let shard_len = self.shards.get(shard as usize).map(|s| s.positions);
+        let root = match self.listed.get(&(step, member)) {
+            Some(r) => Some(r),
+            None if !self.manifests.contains_key(&step) => self.roots.get(&(step, member)),
+            None => None,
+        };
         shard_len == Some(slice.signs.len())
-            && self
-                .roots
-                .get(&(step, member))
-                .is_some_and(|root| slice.proves(root, self.shards.len(), shard as usize))
+            && root.is_some_and(|root| slice.proves(root, self.shards.len(), shard as usize))
     }
 }
 
@@ -205,7 +212,9 @@ impl Net {
         if sh.seats.contains_key(&step) {
             return true;
         }
-        if !self.machine.in_window(step) {
+        // Nothing below what this node keeps (a push or a hash for a step
+        // long gone would open it again), nothing outside the window.
+        if step < self.applied.saturating_sub(KEEP) || !self.machine.in_window(step) {
             return false;
         }
         let n = self.cfg.members.len();
@@ -299,6 +308,7 @@ impl Net {
     pub(super) fn sharded_manifest(&mut self, manifest: Manifest, same_history: bool) {
         let last_produced_us = self.machine.last_produced_us(manifest.step);
         let now = self.now();
+        let mut forged = Vec::new();
         self.with_sharded(|net, sh| {
             let step = manifest.step;
             if !net.open_step(sh, step) {
@@ -306,7 +316,34 @@ impl Net {
             }
             let id = manifest.id();
             let members: Vec<u32> = manifest.entries.iter().map(|e| e.0).collect();
+            sh.listed = std::mem::take(&mut sh.listed)
+                .into_iter()
+                .filter(|((s, _), _)| *s != step)
+                .collect();
+            for (m, root) in &manifest.entries {
+                sh.listed.insert((step, *m), *root);
+                // A root the member never announced, when it announced
+                // another and nothing else: the leader's forgery.
+                if net.machine.leader_forged(step, *m, root) {
+                    forged.push((manifest.leader, step, *m));
+                }
+            }
             sh.manifests.insert(step, (id, members.clone()));
+            // Pushes whose author's announcement this node never heard
+            // check out against the manifest's roots now.
+            let waiting: Vec<_> = sh
+                .unchecked
+                .range((step, 0, 0)..(step + 1, 0, 0))
+                .map(|(k, _)| *k)
+                .collect();
+            for k in waiting {
+                if let Some(slice) = sh.unchecked.remove(&k)
+                    && sh.checks_out(k.0, k.1, k.2, &slice)
+                {
+                    sh.held.insert(k, slice);
+                    sh.ex.on_slice(k.0, k.1, k.2);
+                }
+            }
             sh.ex.on_manifest(now, step, id, &members);
             sh.to_apply.insert(
                 step,
@@ -317,35 +354,42 @@ impl Net {
                 },
             );
         });
+        for (leader, step, member) in forged {
+            self.stats.forged_entries += 1;
+            self.events.push(NodeEvent::ForgedEntry {
+                step,
+                leader,
+                member,
+            });
+            let evidence =
+                defence::forged_entry_evidence(&self.cfg.job, self.cfg.epoch, step, leader, member);
+            self.accuse_leader(leader, step, evidence, Ground::ForgedEntry);
+        }
         self.sharded_try_apply();
     }
 
-    /// Hands the trainer the next step whose manifest and sums are both in.
+    /// Hands the trainer the steps whose manifest and sums are both in, in
+    /// order, stopping at the first that is not: the trainer takes only
+    /// the step it is at. Readiness is read from the exchange each time
+    /// (every shard's sum accepted and held), so a step applied again after
+    /// a rewind is handed over again.
     fn sharded_try_apply(&mut self) {
         self.with_sharded(|net, sh| {
-            let ready: Vec<u32> = sh
-                .to_apply
-                .keys()
-                .copied()
-                .filter(|s| sh.ready.contains(s))
-                .collect();
-            for step in ready {
+            while let Some(step) = sh.to_apply.keys().next().copied() {
                 let mut sums = Vec::with_capacity(sh.shards.len());
                 for s in 0..sh.shards.len() as u32 {
-                    let Some(v) = sh
+                    match sh
                         .ex
                         .accepted(step, s)
                         .and_then(|h| sh.sums.get(&(step, s, h)))
-                    else {
-                        tracing::error!(me = net.cfg.me, step, shard = s, "accepted sum not held");
-                        return;
-                    };
-                    sums.push(v.clone());
+                    {
+                        Some(v) => sums.push(v.clone()),
+                        None => return,
+                    }
                 }
                 let Some(t) = sh.to_apply.remove(&step) else {
-                    continue;
+                    return;
                 };
-                sh.ready.remove(&step);
                 if let Some((_, raw)) = net.ranked_raw.get(&t.manifest.id()) {
                     net.manifests_raw.insert(step, raw.clone());
                 }
@@ -431,12 +475,24 @@ impl Net {
                 if id != manifest {
                     return false;
                 }
+                // Every slice checked again against the root the manifest
+                // lists: one held under another announced root is not
+                // summed (this seat stays silent on the shard instead).
                 let slices: Option<Vec<Vec<bool>>> = members
                     .iter()
-                    .map(|&m| sh.slice(me, step, shard, m).map(|s| s.signs))
+                    .map(|&m| {
+                        sh.slice(me, step, shard, m)
+                            .filter(|x| m == me || sh.checks_out(step, shard, m, x))
+                            .map(|x| x.signs)
+                    })
                     .collect();
                 let Some(slices) = slices else {
-                    tracing::error!(me, step, shard, "publishing a sum without its slices");
+                    tracing::warn!(
+                        me,
+                        step,
+                        shard,
+                        "a listed slice is not held under the listed root: no sum signed"
+                    );
                     return false;
                 };
                 let weighted: Vec<(&[bool], i32)> =
@@ -462,7 +518,7 @@ impl Net {
                 };
                 let raw = msg::sign(&Body::SumHash(claim), &net.key);
                 if let Some(sig) = msg::signature(&raw) {
-                    sh.claims.insert((step, shard, me, manifest), (hash, sig));
+                    sh.claims.insert((step, shard, me, manifest, hash), sig);
                 }
                 net.publish(raw);
                 sh.sums.insert((step, shard, hash), sums.clone());
@@ -554,8 +610,9 @@ impl Net {
                 shard,
                 aggregator,
                 manifest,
+                hash,
             } => {
-                let Some(&(hash, sig)) = sh.claims.get(&(step, shard, aggregator, manifest)) else {
+                let Some(&sig) = sh.claims.get(&(step, shard, aggregator, manifest, hash)) else {
                     return false;
                 };
                 let claim = SumHash {
@@ -589,19 +646,18 @@ impl Net {
                 );
                 false
             }
-            XAction::Apply { step } => {
-                sh.ready.insert(step);
-                false
-            }
+            // Read from the exchange by `sharded_try_apply`.
+            XAction::Apply { .. } => false,
             XAction::Rewind { step } => {
-                tracing::warn!(me, step, "a sum applied was proven false: rewinding");
-                sh.ready.remove(&step);
-                if let Some((id, _)) = sh.manifests.get(&step)
-                    && let Some(m) = net.machine.manifest(step).filter(|m| m.id() == *id)
-                {
-                    let parent = m.parent;
+                // Only if this node applied the step: when a better
+                // manifest replaced it, the step machine rewound already.
+                if net.applied > step {
+                    tracing::warn!(me, step, "a sum applied was proven false: rewinding");
+                    let parent = net.machine.manifest(step).map(|m| m.parent);
                     net.rewind(step);
-                    net.machine.resync(step, parent);
+                    if let Some(parent) = parent.filter(|_| !net.syncing) {
+                        net.machine.resync(step, parent);
+                    }
                 }
                 true
             }
@@ -628,7 +684,9 @@ impl Net {
                 Response::Slice(slice),
             ) if sh.checks_out(step, shard, member, &slice) => {
                 if recompute {
-                    if let Some(r) = sh.recomputing.get_mut(&(step, shard)) {
+                    if let Some(r) = sh.recomputing.get_mut(&(step, shard))
+                        && r.members.contains(&member)
+                    {
                         r.got.insert(member, slice.signs.clone());
                     }
                     sh.finish_recompute(step, shard);
@@ -753,16 +811,18 @@ impl Net {
                     net.stats.drop(Drop::NotMember);
                     MessageAcceptance::Reject
                 }
-                exchange::Verdict::Duplicate => MessageAcceptance::Ignore,
-                _ => {
+                exchange::Verdict::Accepted => {
                     if let Some(sig) = msg::signature(raw) {
                         sh.claims
-                            .entry((h.step, h.shard, h.aggregator, h.manifest))
-                            .or_insert((h.hash, sig));
+                            .insert((h.step, h.shard, h.aggregator, h.manifest, h.hash), sig);
                     }
                     net.stats.accepted += 1;
                     MessageAcceptance::Accept
                 }
+                // A second hash, or one for a manifest this node does not
+                // take: not kept, not forwarded (a seat could otherwise
+                // flood every node with made-up manifest ids).
+                _ => MessageAcceptance::Ignore,
             }
         });
         self.drive();
@@ -807,8 +867,7 @@ impl Net {
         self.with_sharded(|net, sh| {
             if net.open_step(sh, a.step) {
                 sh.claims
-                    .entry((a.step, shard, a.accused, manifest))
-                    .or_insert((hash, sig));
+                    .insert((a.step, shard, a.accused, manifest, hash), sig);
                 sh.ex.on_evidence(a.step, shard, manifest);
             }
         });
