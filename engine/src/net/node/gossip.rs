@@ -162,10 +162,16 @@ impl Net {
             }
             Body::Accuse(a) => {
                 // A false-sum accusation quotes the aggregator's signed
-                // claim: one that does not check out is forged.
-                if !self.on_false_sum(&a) {
-                    self.stats.drop(Drop::BadSignature);
-                    return acceptance(Drop::BadSignature);
+                // claim: one that does not check out is forged, and one
+                // that does counts once this node's own recomputation
+                // agrees (forwarded meanwhile, so others recompute too).
+                match self.on_false_sum(&a) {
+                    sharded::FalseSum::Forged => {
+                        self.stats.drop(Drop::BadSignature);
+                        return acceptance(Drop::BadSignature);
+                    }
+                    sharded::FalseSum::Held => return MessageAcceptance::Accept,
+                    sharded::FalseSum::Other | sharded::FalseSum::Confirmed => {}
                 }
                 return self.on_accuse(&a);
             }

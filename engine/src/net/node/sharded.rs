@@ -69,10 +69,32 @@ pub(super) struct Sharded {
     /// → signature, the proof a conviction quotes.
     claims: BTreeMap<ClaimKey, [u8; 64]>,
     recomputing: BTreeMap<(u32, u32), Recompute>,
+    /// Claims this node's own recomputation proved false.
+    confirmed: BTreeSet<ClaimKey>,
+    /// Others' false-sum accusations waiting for this node's own
+    /// recomputation of the shard: counted once it proves the claim false.
+    pending: BTreeMap<ClaimKey, Vec<Accuse>>,
     /// Per step: the manifest the exchange sums, and its listed members.
     manifests: BTreeMap<u32, (ManifestId, Vec<u32>)>,
     to_apply: BTreeMap<u32, ToApply>,
 }
+
+/// What became of an accusation on the false-sum ground.
+pub(super) enum FalseSum {
+    /// Another ground.
+    Other,
+    /// The quoted claim is not the aggregator's: dropped.
+    Forged,
+    /// This node proved the claim false itself: counted now.
+    Confirmed,
+    /// Kept until this node's own recomputation decides (or never counted,
+    /// if it finds the claim true).
+    Held,
+}
+
+/// Others' false-sum accusations a node holds at most, waiting for its own
+/// recomputations.
+const MAX_PENDING: usize = 4096;
 
 /// Evidence id of a false-sum conviction: one per claim.
 fn false_sum_evidence(h: &SumHash) -> [u8; 32] {
@@ -122,6 +144,8 @@ impl Sharded {
             serving: BTreeMap::new(),
             claims: BTreeMap::new(),
             recomputing: BTreeMap::new(),
+            confirmed: BTreeSet::new(),
+            pending: BTreeMap::new(),
             manifests: BTreeMap::new(),
             to_apply: BTreeMap::new(),
         })
@@ -141,6 +165,8 @@ impl Sharded {
         self.serving = self.serving.split_off(&(step, 0, [0; 32]));
         self.claims = self.claims.split_off(&(step, 0, 0, [0; 32], [0; 32]));
         self.recomputing = self.recomputing.split_off(&(step, 0));
+        self.confirmed = self.confirmed.split_off(&(step, 0, 0, [0; 32], [0; 32]));
+        self.pending = self.pending.split_off(&(step, 0, 0, [0; 32], [0; 32]));
         self.manifests = self.manifests.split_off(&step);
         self.to_apply = self.to_apply.split_off(&step);
     }
@@ -644,6 +670,12 @@ impl Net {
                         sig,
                     },
                 );
+                // Others' accusations of this claim count now.
+                let key = (step, shard, aggregator, manifest, hash);
+                sh.confirmed.insert(key);
+                for a in sh.pending.remove(&key).unwrap_or_default() {
+                    net.on_accuse(&a);
+                }
                 false
             }
             // Read from the exchange by `sharded_try_apply`.
@@ -835,9 +867,11 @@ impl Net {
     }
 
     /// A false-sum accusation: the quoted claim must carry the accused
-    /// aggregator's signature; this node then recomputes the shard itself.
-    /// False when the quote does not check out.
-    pub(super) fn on_false_sum(&mut self, a: &Accuse) -> bool {
+    /// aggregator's signature, and it counts here only once this node's own
+    /// recomputation of the shard proves the claim false (a quote of an
+    /// honest seat's true claim makes every node recompute, and convicts
+    /// nobody). Other grounds pass through.
+    pub(super) fn on_false_sum(&mut self, a: &Accuse) -> FalseSum {
         let Ground::FalseSum {
             shard,
             manifest,
@@ -845,7 +879,7 @@ impl Net {
             sig,
         } = a.ground
         else {
-            return true;
+            return FalseSum::Other;
         };
         let claim = SumHash {
             job: a.job,
@@ -857,22 +891,38 @@ impl Net {
             hash,
         };
         let Some(key) = self.cfg.members.get(a.accused as usize) else {
-            return false;
+            return FalseSum::Forged;
         };
         if !msg::signed_by(&Body::SumHash(claim.clone()), key, &sig)
             || a.evidence != false_sum_evidence(&claim)
         {
-            return false;
+            return FalseSum::Forged;
         }
-        self.with_sharded(|net, sh| {
-            if net.open_step(sh, a.step) {
-                sh.claims
-                    .insert((a.step, shard, a.accused, manifest, hash), sig);
-                sh.ex.on_evidence(a.step, shard, manifest);
+        let k = (a.step, shard, a.accused, manifest, hash);
+        let verdict = self.with_sharded(|net, sh| {
+            if sh.confirmed.contains(&k) {
+                return FalseSum::Confirmed;
             }
+            if !net.open_step(sh, a.step) {
+                return FalseSum::Held;
+            }
+            sh.claims.insert(k, sig);
+            let held: usize = sh.pending.values().map(Vec::len).sum();
+            if held < MAX_PENDING {
+                sh.pending.entry(k).or_default().push(a.clone());
+            }
+            sh.ex.on_evidence(a.step, shard, manifest);
+            FalseSum::Held
         });
-        self.drive();
-        true
+        match verdict {
+            Some(v) => {
+                self.drive();
+                v
+            }
+            // On the all-to-all exchange nobody aggregates: nothing to
+            // check it against, and nothing it could be about.
+            None => FalseSum::Held,
+        }
     }
 
     /// Forgets the exchange's steps the node no longer keeps.
