@@ -171,6 +171,7 @@ impl Net {
                         return acceptance(Drop::BadSignature);
                     }
                     sharded::FalseSum::Held => return MessageAcceptance::Accept,
+                    sharded::FalseSum::Refused => return MessageAcceptance::Ignore,
                     sharded::FalseSum::Other | sharded::FalseSum::Confirmed => {}
                 }
                 return self.on_accuse(&a);

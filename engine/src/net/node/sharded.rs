@@ -69,8 +69,9 @@ pub(super) struct Sharded {
     /// → signature, the proof a conviction quotes.
     claims: BTreeMap<ClaimKey, [u8; 64]>,
     recomputing: BTreeMap<(u32, u32), Recompute>,
-    /// Claims this node's own recomputation proved false.
-    confirmed: BTreeSet<ClaimKey>,
+    /// What this node's own recomputations found each shard's sum to be,
+    /// per (step, shard, manifest): what decides others' accusations.
+    truths: BTreeMap<(u32, u32, ManifestId), [u8; 32]>,
     /// Others' false-sum accusations waiting for this node's own
     /// recomputation of the shard: counted once it proves the claim false.
     pending: BTreeMap<ClaimKey, Vec<Accuse>>,
@@ -90,11 +91,15 @@ pub(super) enum FalseSum {
     /// Kept until this node's own recomputation decides (or never counted,
     /// if it finds the claim true).
     Held,
+    /// Not counted, not forwarded: not a witness's, a self-accusation,
+    /// another epoch, a step this node does not keep, a claim this node
+    /// found true, or a job with no aggregators.
+    Refused,
 }
 
-/// Others' false-sum accusations a node holds at most, waiting for its own
-/// recomputations.
-const MAX_PENDING: usize = 4096;
+/// Accusations a node holds per witness, waiting for its own
+/// recomputations: one witness cannot crowd the others out.
+const MAX_PENDING_PER_WITNESS: usize = 256;
 
 /// Evidence id of a false-sum conviction: one per claim.
 fn false_sum_evidence(h: &SumHash) -> [u8; 32] {
@@ -144,7 +149,7 @@ impl Sharded {
             serving: BTreeMap::new(),
             claims: BTreeMap::new(),
             recomputing: BTreeMap::new(),
-            confirmed: BTreeSet::new(),
+            truths: BTreeMap::new(),
             pending: BTreeMap::new(),
             manifests: BTreeMap::new(),
             to_apply: BTreeMap::new(),
@@ -165,7 +170,7 @@ impl Sharded {
         self.serving = self.serving.split_off(&(step, 0, [0; 32]));
         self.claims = self.claims.split_off(&(step, 0, 0, [0; 32], [0; 32]));
         self.recomputing = self.recomputing.split_off(&(step, 0));
-        self.confirmed = self.confirmed.split_off(&(step, 0, 0, [0; 32], [0; 32]));
+        self.truths = self.truths.split_off(&(step, 0, [0; 32]));
         self.pending = self.pending.split_off(&(step, 0, 0, [0; 32], [0; 32]));
         self.manifests = self.manifests.split_off(&step);
         self.to_apply = self.to_apply.split_off(&step);
@@ -205,7 +210,28 @@ impl Sharded {
         };
         let h = msg::sum_hash(&sums);
         self.sums.insert((step, shard, h), sums);
+        self.truths.insert((step, shard, r.manifest), h);
         self.ex.on_recomputed(step, shard, r.manifest, h);
+    }
+
+    /// Others' held accusations this node's recomputations have decided:
+    /// those quoting a hash other than the truth, to count; the rest are
+    /// dropped (they quoted a true claim).
+    fn decided(&mut self) -> Vec<Accuse> {
+        let keys: Vec<ClaimKey> = self
+            .pending
+            .keys()
+            .filter(|k| self.truths.contains_key(&(k.0, k.1, k.3)))
+            .copied()
+            .collect();
+        let mut out = Vec::new();
+        for k in keys {
+            let held = self.pending.remove(&k).unwrap_or_default();
+            if self.truths.get(&(k.0, k.1, k.3)) != Some(&k.4) {
+                out.extend(held);
+            }
+        }
+        out
     }
 
     /// Whether `slice` is `member`'s slice of `shard`: by the root the
@@ -371,6 +397,16 @@ impl Net {
                 }
             }
             sh.ex.on_manifest(now, step, id, &members);
+            // Accusations heard before the manifest: recompute now.
+            let accused: Vec<u32> = sh
+                .pending
+                .keys()
+                .filter(|k| k.0 == step && k.3 == id)
+                .map(|k| k.1)
+                .collect();
+            for shard in accused {
+                sh.ex.on_evidence(step, shard, id);
+            }
             sh.to_apply.insert(
                 step,
                 ToApply {
@@ -442,6 +478,14 @@ impl Net {
             touched |= self.on_exchange(a);
         }
         self.sharded_try_apply();
+        let decided = self
+            .sharded
+            .as_mut()
+            .map(Sharded::decided)
+            .unwrap_or_default();
+        for a in decided {
+            self.on_accuse(&a);
+        }
         touched
     }
 
@@ -598,7 +642,10 @@ impl Net {
                 };
                 let mut ask = Vec::new();
                 for &m in &members {
-                    match sh.slice(me, step, shard, m) {
+                    match sh
+                        .slice(me, step, shard, m)
+                        .filter(|x| m == me || sh.checks_out(step, shard, m, x))
+                    {
                         Some(s) => {
                             r.got.insert(m, s.signs);
                         }
@@ -670,12 +717,6 @@ impl Net {
                         sig,
                     },
                 );
-                // Others' accusations of this claim count now.
-                let key = (step, shard, aggregator, manifest, hash);
-                sh.confirmed.insert(key);
-                for a in sh.pending.remove(&key).unwrap_or_default() {
-                    net.on_accuse(&a);
-                }
                 false
             }
             // Read from the exchange by `sharded_try_apply`.
@@ -898,19 +939,36 @@ impl Net {
         {
             return FalseSum::Forged;
         }
+        // What the tally would refuse anyway is not held (nor forwarded).
+        if a.epoch != self.cfg.epoch
+            || a.witness == a.accused
+            || !self.policy.witnesses.contains(&a.witness)
+        {
+            return FalseSum::Refused;
+        }
         let k = (a.step, shard, a.accused, manifest, hash);
         let verdict = self.with_sharded(|net, sh| {
-            if sh.confirmed.contains(&k) {
-                return FalseSum::Confirmed;
+            match sh.truths.get(&(a.step, shard, manifest)) {
+                Some(t) if *t != hash => return FalseSum::Confirmed,
+                Some(_) => return FalseSum::Refused,
+                None => {}
             }
             if !net.open_step(sh, a.step) {
-                return FalseSum::Held;
+                return FalseSum::Refused;
+            }
+            // Held per witness: one witness cannot crowd out the others.
+            let by_witness = sh
+                .pending
+                .values()
+                .flatten()
+                .filter(|x| x.witness == a.witness)
+                .count();
+            let list = sh.pending.entry(k).or_default();
+            if by_witness < MAX_PENDING_PER_WITNESS && !list.iter().any(|x| x.witness == a.witness)
+            {
+                list.push(a.clone());
             }
             sh.claims.insert(k, sig);
-            let held: usize = sh.pending.values().map(Vec::len).sum();
-            if held < MAX_PENDING {
-                sh.pending.entry(k).or_default().push(a.clone());
-            }
             sh.ex.on_evidence(a.step, shard, manifest);
             FalseSum::Held
         });
@@ -921,7 +979,7 @@ impl Net {
             }
             // On the all-to-all exchange nobody aggregates: nothing to
             // check it against, and nothing it could be about.
-            None => FalseSum::Held,
+            None => FalseSum::Refused,
         }
     }
 
