@@ -234,6 +234,25 @@ impl Sharded {
         out
     }
 
+    /// Checks the slices pushed for `step` (by `member`, or by anyone)
+    /// before their root was known: those that prove out are held.
+    fn check_waiting(&mut self, step: u32, member: Option<u32>) {
+        let waiting: Vec<_> = self
+            .unchecked
+            .range((step, 0, 0)..(step + 1, 0, 0))
+            .filter(|(k, _)| member.is_none_or(|m| k.2 == m))
+            .map(|(k, _)| *k)
+            .collect();
+        for k in waiting {
+            if let Some(slice) = self.unchecked.remove(&k)
+                && self.checks_out(k.0, k.1, k.2, &slice)
+            {
+                self.held.insert(k, slice);
+                self.ex.on_slice(k.0, k.1, k.2);
+            }
+        }
+    }
+
     /// Whether `slice` is `member`'s slice of `shard`: by the root the
     /// step's manifest lists once it is known, by the member's announced
     /// root before.
@@ -338,20 +357,7 @@ impl Net {
     pub(super) fn sharded_announce(&mut self, a: &Announce) {
         self.with_sharded(|_, sh| {
             sh.roots.entry((a.step, a.member)).or_insert(a.payload_hash);
-            let waiting: Vec<_> = sh
-                .unchecked
-                .range((a.step, 0, 0)..(a.step + 1, 0, 0))
-                .filter(|(k, _)| k.2 == a.member)
-                .map(|(k, _)| *k)
-                .collect();
-            for k in waiting {
-                if let Some(slice) = sh.unchecked.remove(&k)
-                    && sh.checks_out(k.0, k.1, k.2, &slice)
-                {
-                    sh.held.insert(k, slice);
-                    sh.ex.on_slice(k.0, k.1, k.2);
-                }
-            }
+            sh.check_waiting(a.step, Some(a.member));
         });
     }
 
@@ -383,19 +389,7 @@ impl Net {
             sh.manifests.insert(step, (id, members.clone()));
             // Pushes whose author's announcement this node never heard
             // check out against the manifest's roots now.
-            let waiting: Vec<_> = sh
-                .unchecked
-                .range((step, 0, 0)..(step + 1, 0, 0))
-                .map(|(k, _)| *k)
-                .collect();
-            for k in waiting {
-                if let Some(slice) = sh.unchecked.remove(&k)
-                    && sh.checks_out(k.0, k.1, k.2, &slice)
-                {
-                    sh.held.insert(k, slice);
-                    sh.ex.on_slice(k.0, k.1, k.2);
-                }
-            }
+            sh.check_waiting(step, None);
             sh.ex.on_manifest(now, step, id, &members);
             // Accusations heard before the manifest: recompute now.
             let accused: Vec<u32> = sh
