@@ -160,6 +160,19 @@ pub struct SumHash {
     pub hash: [u8; 32],
 }
 
+impl SumHash {
+    /// The evidence id of a false-sum accusation against this claim: a hash
+    /// of its signed body, so one per claim.
+    pub fn evidence(&self) -> [u8; 32] {
+        let mut body = Vec::with_capacity(160);
+        body_bytes(&Body::SumHash(self.clone()), &mut body);
+        let mut h = blake3::Hasher::new();
+        h.update(b"cohort-false-sum-v1");
+        h.update(&body);
+        *h.finalize().as_bytes()
+    }
+}
+
 /// The hash an aggregator signs for a shard's vote sums: of their encoding
 /// on the wire ([`crate::shard::pack_sums`]), which is one per sums.
 pub fn sum_hash(sums: &[i32]) -> [u8; 32] {

@@ -101,20 +101,6 @@ pub(super) enum FalseSum {
 /// recomputations: one witness cannot crowd the others out.
 const MAX_PENDING_PER_WITNESS: usize = 256;
 
-/// Evidence id of a false-sum conviction: one per claim.
-fn false_sum_evidence(h: &SumHash) -> [u8; 32] {
-    let mut b = blake3::Hasher::new();
-    b.update(b"cohort-false-sum-v1");
-    b.update(&h.job);
-    b.update(&h.epoch.to_le_bytes());
-    b.update(&h.step.to_le_bytes());
-    b.update(&h.shard.to_le_bytes());
-    b.update(&h.aggregator.to_le_bytes());
-    b.update(&h.manifest);
-    b.update(&h.hash);
-    *b.finalize().as_bytes()
-}
-
 impl Sharded {
     pub(super) fn new(cfg: &NodeConfig, plan: Plan) -> Result<Self, String> {
         let shapes: Vec<Vec<usize>> = cfg
@@ -699,7 +685,7 @@ impl Net {
                     aggregator,
                     "an aggregator signed a false sum"
                 );
-                let evidence = false_sum_evidence(&claim);
+                let evidence = claim.evidence();
                 net.accuse_leader(
                     aggregator,
                     step,
@@ -929,7 +915,7 @@ impl Net {
             return FalseSum::Forged;
         };
         if !msg::signed_by(&Body::SumHash(claim.clone()), key, &sig)
-            || a.evidence != false_sum_evidence(&claim)
+            || a.evidence != claim.evidence()
         {
             return FalseSum::Forged;
         }
