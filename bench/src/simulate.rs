@@ -40,7 +40,28 @@ const FLAGS: &[&str] = &[
     "sharded-steps",
     "sharded-only",
     "seeds",
+    "hedge-secs",
+    "agree-secs",
+    "sums",
+    "wait-secs",
 ];
+
+/// The exchange's deadlines as the node ships them, but for `--hedge-secs`,
+/// `--wait-secs` and `--agree-secs`.
+fn exchange_timing(a: &Args) -> Result<exchange::Timing> {
+    let shipped = exchange::Timing::default();
+    let secs = |flag: &str, d: Duration| -> Result<Duration> {
+        let v: f64 = a.get(flag, d.as_secs_f64())?;
+        Duration::try_from_secs_f64(v)
+            .map_err(|_| anyhow::anyhow!("--{flag} {v}: expected a finite number of seconds ≥ 0"))
+    };
+    Ok(exchange::Timing {
+        hedge: secs("hedge-secs", shipped.hedge)?,
+        wait: secs("wait-secs", shipped.wait)?,
+        agree: secs("agree-secs", shipped.agree)?,
+        ..shipped
+    })
+}
 
 pub fn run(raw: &[String]) -> Result<()> {
     let a = Args::parse(raw, FLAGS)?;
@@ -311,8 +332,9 @@ pub fn run(raw: &[String]) -> Result<()> {
     report::publish("simulate", &f, &md)
 }
 
-/// The sharded exchange (`net::exchange`, a design the node does not run
-/// yet) over the same deployments: every node runs the real step machine
+/// The sharded exchange (`net::exchange`, which the node runs with
+/// `cohort-peer --shards`; the app's jobs do not yet)
+/// over the same deployments: every node runs the real step machine
 /// and the real exchange machine in virtual time.
 fn sharded(
     a: &Args,
@@ -331,10 +353,14 @@ fn sharded(
         0 => None,
         n => Some(n),
     };
-    let timing = exchange::Timing::default();
+    let timing = exchange_timing(a)?;
+    // Which sums to run: `integer`, `sign` or both (the default).
+    let sums: String = a.get("sums", "integer,sign".to_string())?;
     md.push_str(&format!(
-        "\n### The sharded exchange (a design: the node does not run it yet)\n\n`net::exchange` is the data plane of issue 18's sharded exchange as a pure state machine (`net::sim_sharded` drives it with the real step machine in virtual time; unit tests cover liars, silent and colluding aggregators). One shard per member; each shard has {redundancy} aggregators drawn per step; a member pushes each aggregator its slice (signs, a Merkle path, a 100-byte envelope) and announces once every shard holds it somewhere; an aggregator sums the listed slices and gossips the signed hash; every node downloads each shard's sum once and takes it when the seats agree (or the rest are silent {:.0} s after the first); each node also recomputes {spots} shard(s) a step from their slices, and about {backups} nodes recompute a shard whose seat is silent. A sum is either the exact integer vote count (what `shard::sum` builds and `shard::check` proves wrong: ⌈log2(2·members+1)⌉ bits a position) or only its sign (2 bits: a different update rule, since the recipe's decoder takes signs after the inverse DCT of the summed votes, not before; its convergence is measured as *signagg* in the convergence table above, with 4 members only, where a sign sum loses little: a vote of 4–0 counts as one of 3–1; with hundreds of members it drops far more of the count, which is not measured). Same links, compute, failure rate, deadlines, seed and number of steps as the all-to-all run of the same deployment above; the baseline is the same design with no network cost. Upload and download are per node per step, in payloads ({}).\n\n| nodes | steps | sum | aggregate | s/step free | s/step links | contributors (free) | contributed-token efficiency | share of ideal (free → links) | upload mean (max) | download mean (max) | recomputations per node-step |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "\n### The sharded exchange\n\n`net::exchange` is the data plane of issue 18's sharded exchange as a pure state machine: the libp2p node drives it (`cohort-peer --shards`, tested across 8 processes; the app's jobs still use the all-to-all exchange) and `net::sim_sharded` drives it with the real step machine in virtual time (unit tests cover liars, silent and colluding aggregators). One shard per member; each shard has {redundancy} aggregators drawn per step; a member pushes each aggregator its slice (signs, a Merkle path, a 100-byte envelope) and announces once every shard holds it somewhere; an aggregator sums the listed slices and gossips the signed hash; every node downloads each shard's sum once and takes it when the seats agree (or the rest are silent {:.0} s after the first); each node also recomputes {spots} shard(s) a step from their slices, and about {backups} nodes recompute a shard whose seat is silent, both beside acceptance (a check that proves the sum false rewinds the step). A sum or slice request unanswered for {:.0} s is also sent to the next source (a hedged request); a seat waits {:.1} s after the manifest for pushes in flight before it fetches the listed slices it lacks. A sum is either the exact integer vote count (what `shard::sum` builds and `shard::check` proves wrong: ⌈log2(2·members+1)⌉ bits a position) or only its sign (2 bits: a different update rule, since the recipe's decoder takes signs after the inverse DCT of the summed votes, not before; its convergence is measured as *signagg* in the convergence table above, with 4 members only, where a sign sum loses little: a vote of 4–0 counts as one of 3–1; with hundreds of members it drops far more of the count, which is not measured). Same links, compute, failure rate, deadlines, seed and number of steps as the all-to-all run of the same deployment above; the baseline is the same design with no network cost. Upload and download are per node per step, in payloads ({}).\n\n| nodes | steps | sum | aggregate | s/step free | s/step links | contributors (free) | contributed-token efficiency | share of ideal (free → links) | upload mean (max) | download mean (max) | recomputations per node-step | after compute: manifest / accepted / applied (s) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
         timing.agree.as_secs_f64(),
+        timing.hedge.as_secs_f64(),
+        timing.wait.as_secs_f64(),
         fmt_bytes(bases.first().map_or(0.0, |b| b.payload_bytes as f64)),
     ));
     println!(
@@ -343,6 +369,9 @@ fn sharded(
     for base in bases {
         let nodes = base.nodes;
         for (sum, bits) in [("integer", 0), ("sign", 2)] {
+            if !sums.split(',').any(|s| s == sum) {
+                continue;
+            }
             let cfg = sharded_config(a, base, positions, bits)?;
             let (steps, bits) = (cfg.base.steps, cfg.sum_bits);
             let wall = std::time::Instant::now();
@@ -355,7 +384,7 @@ fn sharded(
             );
             let pay = base.payload_bytes as f64;
             let line = format!(
-                "| {nodes} | {steps} | {sum} ({bits} bits) | {:.2} | {:.2} | {:.2} | {:.1} ({:.1}) | {eff:.3} | {ideal_free:.3} → {ideal:.3} | {:.2} ({:.2}) | {:.2} ({:.2}) | {:.2} |",
+                "| {nodes} | {steps} | {sum} ({bits} bits) | {:.2} | {:.2} | {:.2} | {:.1} ({:.1}) | {eff:.3} | {ideal_free:.3} → {ideal:.3} | {:.2} ({:.2}) | {:.2} ({:.2}) | {:.2} | {:.1} / {:.1} / {:.1} |",
                 cfg.aggregate_bytes() / pay,
                 free.run.secs / steps as f64,
                 net.run.secs / steps as f64,
@@ -366,10 +395,18 @@ fn sharded(
                 net.down_mean / pay,
                 net.down_max / pay,
                 net.recomputes,
+                net.phases.manifest,
+                net.phases.accepted,
+                net.phases.applied,
             );
+            let ph = net.phases;
             println!(
-                "{line}   ({:.1} s to simulate)",
-                wall.elapsed().as_secs_f64()
+                "{line}   ({:.1} s to simulate; after compute: announced {:.2} s, manifest {:.2} s, accepted {:.2} s, applied {:.2} s)",
+                wall.elapsed().as_secs_f64(),
+                ph.announced,
+                ph.manifest,
+                ph.accepted,
+                ph.applied,
             );
             md.push_str(&line);
             md.push('\n');
@@ -401,7 +438,11 @@ fn sharded(
                 )
                 .num(&format!("{key}_download_payloads_max"), net.down_max / pay)
                 .num(&format!("{key}_recomputes_per_node_step"), net.recomputes)
-                .num(&format!("{key}_convictions"), net.convictions as f64);
+                .num(&format!("{key}_convictions"), net.convictions as f64)
+                .num(&format!("{key}_announced_secs"), ph.announced)
+                .num(&format!("{key}_manifest_secs"), ph.manifest)
+                .num(&format!("{key}_accepted_secs"), ph.accepted)
+                .num(&format!("{key}_applied_secs"), ph.applied);
         }
     }
     f.num("sharded_redundancy", redundancy as f64)
@@ -412,7 +453,7 @@ fn sharded(
             steps_override.map_or(0.0, |s| s as f64),
         );
     md.push_str(&format!(
-        "\nHow to read it: *contributed-token efficiency* compares the design with itself on a free network and counts contributions applied per second, so a slower step that lists more members can score as well as a fast one that lists fewer, and above 1 when the free run leaves out more than the run over links: *share of ideal* is the figure to judge it by. *Share of ideal (free)* is the most this step agreement reaches with no network cost: a step keeps the pace of the members its leader waits for, and with speeds spread by ±15% ({compute_secs:.1} s of compute on average) the slowest take about 15% longer than the mean; the collect window ({:.2}× the leader's compute time, at least {:.0} s) decides how many of them are waited for, in this design and in the all-to-all baseline above alike. Traffic counts every byte a node sends or receives per applied step, in payloads; the issue's bound is about three payloads plus one aggregate (the *aggregate* column): {redundancy} pushes, one spot check, and the sums served and received. Recomputations beyond the spot checks are backups for seats still silent {:.0} s after their partner signed, or all silent {:.0} s after the manifest. Not built: the node's messages for it, screening on the aggregators, and a job choosing between the exchanges by member count.\n",
+        "\nHow to read it: *contributed-token efficiency* compares the design with itself on a free network and counts contributions applied per second, so a slower step that lists more members can score as well as a fast one that lists fewer, and above 1 when the free run leaves out more than the run over links: *share of ideal* is the figure to judge it by. *Share of ideal (free)* is the most this step agreement reaches with no network cost: a step keeps the pace of the members its leader waits for, and with speeds spread by ±15% ({compute_secs:.1} s of compute on average) the slowest take about 15% longer than the mean; the collect window ({:.2}× the leader's compute time, at least {:.0} s) decides how many of them are waited for, in this design and in the all-to-all baseline above alike. Traffic counts every byte a node sends or receives per applied step, in payloads; the issue's bound is about three payloads plus one aggregate (the *aggregate* column): {redundancy} pushes, one spot check, and the sums served and received. Recomputations beyond the spot checks are backups for seats still silent {:.0} s after their partner signed, or all silent {:.0} s after the manifest. *After compute* is where a step's time goes, mean seconds from a node's compute of the step ending until the step's manifest reached it, every shard's sum was accepted, and the step was applied. Not built: screening and audits on this path, gossip and heartbeat bytes in the simulation (measured on the node by `cohort-bench traffic`), and a job choosing between the exchanges by member count.\n",
         bases.first().map_or(0.0, |b| b.timing.collect_share),
         bases.first().map_or(0.0, |b| b.timing.collect.as_secs_f64()),
         timing.agree.as_secs_f64(),
@@ -551,7 +592,7 @@ fn sharded_config(a: &Args, base: &SimConfig, positions: u64, bits: u32) -> Resu
         backups: a.get("backups", 4)?,
         positions,
         sum_bits: if bits == 0 { full } else { bits },
-        timing: exchange::Timing::default(),
+        timing: exchange_timing(a)?,
     })
 }
 

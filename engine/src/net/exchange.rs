@@ -3,9 +3,9 @@
 //! so what a node sends and receives each step does not grow with the
 //! member count (issue "Scale", item 2). Step agreement (which members a
 //! step applies) stays with [`super::step::StepMachine`]; the arithmetic
-//! (shards, seats, sums, the fraud check) is [`crate::shard`]. The
-//! simulator ([`super::sim_sharded`]) drives this machine today; the libp2p
-//! node does not yet.
+//! (shards, seats, sums, the fraud check) is [`crate::shard`]. The libp2p
+//! node (`node::sharded`) and the simulator ([`super::sim_sharded`]) both
+//! drive this machine.
 //!
 //! Per step, with the step's seats (`shard::aggregators`, r per shard):
 //! 1. A member pushes its slice of each shard to that shard's aggregators
@@ -31,12 +31,20 @@
 //!    (`backups`), both drawn by a seed only it knows. With about `c`
 //!    checkers per shard a lie escapes a step with probability about
 //!    e^-c, and silence costs the seats c recomputations, not one per
-//!    node. The proof convinces every other node (`on_evidence`), which
-//!    recomputes, and rewinds if it had applied the lie. A shard none of
+//!    node. A check runs beside acceptance: the node takes the seats'
+//!    agreed sum meanwhile and goes back if the check proves it false, so
+//!    a payload's worth of slices is off the step's path. The proof
+//!    convinces every other node (`on_evidence`), which recomputes before
+//!    it accepts the shard, and rewinds if it had applied the lie. A shard none of
 //!    whose seats signed within `silent` of the manifest is recomputed by
 //!    its backups only: a recomputation fetches the slices from the same
 //!    seats, so every node doing it would only bury slow seats.
 //! 5. When every shard's sum is accepted the step applies.
+//!
+//! A node asks a thousand small things a step (a sum per shard, a seat's
+//! missing slices), so a request unanswered for `hedge` goes to the next
+//! source as well ("hedged", the first answer counting) rather than waiting
+//! out its deadline.
 //!
 //! 6. A shard none of whose seats signed within `reseat` of the manifest
 //!    (its seats are taken for dead), and that nothing else decided, gets
@@ -145,16 +153,24 @@ pub struct Timing {
     /// the manifest is handed to its reserve seats: its seats are taken
     /// for dead (a slow seat has had three times `silent`).
     pub reseat: Duration,
+    /// A sum or slice request unanswered this long is sent to the next
+    /// source as well, the first answer counting: a hedged request (Dean
+    /// and Barroso, "The Tail at Scale", CACM 2013). A node asks a
+    /// thousand small things a step; with 1% lost and a lost one known
+    /// only at its deadline (`step::Timing::deadline`, 5 s and more), every
+    /// step would otherwise wait that long for one of them.
+    pub hedge: Duration,
 }
 
 impl Default for Timing {
     fn default() -> Self {
         Self {
             retry: Duration::from_millis(500),
-            wait: Duration::from_secs(2),
+            wait: Duration::from_millis(500),
             agree: Duration::from_secs(5),
             silent: Duration::from_secs(10),
             reseat: Duration::from_secs(30),
+            hedge: Duration::from_secs(4),
         }
     }
 }
@@ -232,12 +248,52 @@ struct Agg {
     held: BTreeSet<u32>,
     /// Listed members whose slice is not held yet.
     missing: usize,
-    /// Per missing member: sources tried so far, and whether a request is
-    /// out.
-    asking: BTreeMap<u32, (usize, bool)>,
+    /// Per missing member, the requests for its slice.
+    asking: BTreeMap<u32, Asking>,
     /// Fetching starts at this time (the manifest plus `wait`).
     fetch_from: Option<Duration>,
     published: bool,
+}
+
+/// Requests for one thing (a slice, a sum): how many sources were tried,
+/// how many requests are out, and when the last went.
+#[derive(Debug, Default, Clone, Copy)]
+struct Asking {
+    tried: usize,
+    out: u8,
+    sent: Option<Duration>,
+    /// The source asked last.
+    last: Option<u32>,
+}
+
+impl Asking {
+    /// A request just went to `from`.
+    fn sent(&mut self, now: Duration, from: u32) {
+        self.tried += 1;
+        self.out += 1;
+        self.sent = Some(now);
+        self.last = Some(from);
+    }
+
+    /// The first of `sources` (in the order to try them) other than the
+    /// one asked last, else that one.
+    fn next(&self, mut sources: impl Iterator<Item = u32> + Clone) -> Option<u32> {
+        sources
+            .clone()
+            .find(|&x| Some(x) != self.last)
+            .or_else(|| sources.next())
+    }
+
+    /// One request came back (answered or failed).
+    fn back(&mut self) {
+        self.out = self.out.saturating_sub(1);
+    }
+
+    /// One request is out and unanswered for `hedge`: time to ask the next
+    /// source too (once: two at most are out).
+    fn hedge_due(&self, now: Duration, hedge: Duration) -> bool {
+        self.out == 1 && self.sent.is_some_and(|t| t + hedge <= now)
+    }
 }
 
 /// A receiver's view of one shard.
@@ -246,15 +302,22 @@ struct Recv {
     /// The hash each seat signed, and the manifest it summed.
     hashes: Vec<Option<(ManifestId, Hash)>>,
     first_at: Option<Duration>,
-    /// Seat asked for the sum or slices, how many seats were tried, and
-    /// whether a request is out.
-    asked: usize,
-    out: bool,
+    /// Requests for the sum (`tried` rotates the seats), and when the
+    /// next may go after a failure.
+    ask: Asking,
     due: Option<Duration>,
+    /// Requests for the slices, to recompute the sum.
+    verify: Asking,
+    verify_due: Option<Duration>,
     got: Option<Hash>,
-    /// Recompute instead of trusting the seats' hashes.
+    /// Only a recomputation decides the shard: its seats disagree, or
+    /// another node proved one of them wrong.
     recompute: bool,
-    /// A spot check of this node's (what `recompute` starts as).
+    /// Recompute beside taking the seats' agreed sum (a spot check, or a
+    /// backup's for a silent seat): the step applies meanwhile, and goes
+    /// back if the recomputation proves the sum false.
+    check: bool,
+    /// A spot check of this node's (what `check` starts as).
     spot: bool,
     /// Recompute if a seat stays silent.
     backup: bool,
@@ -309,7 +372,7 @@ impl Agg {
         self.asking = listed
             .iter()
             .filter(|m| !self.held.contains(m))
-            .map(|&m| (m, (0, false)))
+            .map(|&m| (m, Asking::default()))
             .collect();
         self.missing = self.asking.len();
         self.fetch_from = Some(from);
@@ -414,7 +477,7 @@ impl Exchange {
             }
             recv.push(Recv {
                 hashes: vec![None; seat.len()],
-                recompute: spots.contains(&(s as u32)),
+                check: spots.contains(&(s as u32)),
                 spot: spots.contains(&(s as u32)),
                 backup: backups.contains(&(s as u32)),
                 ..Recv::default()
@@ -542,12 +605,12 @@ impl Exchange {
         let Some(st) = self.steps.get_mut(&step) else {
             return;
         };
-        if let Some((_, out)) = st
+        if let Some(ask) = st
             .agg
             .get_mut(&shard)
             .and_then(|a| a.asking.get_mut(&member))
         {
-            *out = false;
+            ask.back();
             self.timers.insert((now + self.timing.retry, step, shard));
         }
     }
@@ -582,7 +645,7 @@ impl Exchange {
                 }
                 *r = Recv {
                     hashes: std::mem::take(&mut r.hashes),
-                    recompute: r.spot,
+                    check: r.spot,
                     spot: r.spot,
                     backup: r.backup,
                     reseated: r.reseated,
@@ -721,7 +784,7 @@ impl Exchange {
         };
         let current = st.manifest;
         let r = &mut st.recv[shard as usize];
-        r.out = false;
+        r.ask.back();
         if current.is_some() && r.hashes[seat] == current.map(|m| (m, hash)) {
             r.got = Some(hash);
         } else {
@@ -733,16 +796,29 @@ impl Exchange {
         Verdict::Accepted
     }
 
-    /// A sum or recompute request failed: the next seat is asked after
-    /// `retry`.
+    /// A sum request failed: the next seat is asked after `retry`.
     pub fn on_fetch_failed(&mut self, now: Duration, step: u32, shard: u32) {
         if let Some(r) = self
             .steps
             .get_mut(&step)
             .and_then(|st| st.recv.get_mut(shard as usize))
         {
-            r.out = false;
+            r.ask.back();
             r.due = Some(now + self.timing.retry);
+            self.timers.insert((now + self.timing.retry, step, shard));
+        }
+    }
+
+    /// A recomputation's fetch failed: the next seat is asked after
+    /// `retry`.
+    pub fn on_recompute_failed(&mut self, now: Duration, step: u32, shard: u32) {
+        if let Some(r) = self
+            .steps
+            .get_mut(&step)
+            .and_then(|st| st.recv.get_mut(shard as usize))
+        {
+            r.verify.back();
+            r.verify_due = Some(now + self.timing.retry);
             self.timers.insert((now + self.timing.retry, step, shard));
         }
     }
@@ -764,7 +840,7 @@ impl Exchange {
         let Some(r) = st.recv.get_mut(shard as usize) else {
             return Verdict::NotASeat;
         };
-        r.out = false;
+        r.verify.back();
         if r.truth.is_some() {
             return Verdict::Duplicate;
         }
@@ -869,8 +945,8 @@ impl Exchange {
                 });
             } else if !a.published && a.fetch_from.is_some_and(|t| t <= now) {
                 let seats = &st.seats[s];
-                for (&m, (tried, out)) in a.asking.iter_mut() {
-                    if *out {
+                for (&m, ask) in a.asking.iter_mut() {
+                    if ask.out > 0 && !ask.hedge_due(now, timing.hedge) {
                         continue;
                     }
                     // The member first, then the shard's other aggregators.
@@ -881,9 +957,12 @@ impl Exchange {
                     if sources.is_empty() {
                         continue;
                     }
-                    let from = sources[*tried % sources.len()];
-                    *tried += 1;
-                    *out = true;
+                    let k = sources.len();
+                    let Some(from) = ask.next((0..k).map(|i| sources[(ask.tried + i) % k])) else {
+                        continue;
+                    };
+                    ask.sent(now, from);
+                    self.timers.insert((now + timing.hedge, step, shard));
                     self.out.push(Action::FetchSlice {
                         step,
                         shard,
@@ -940,26 +1019,25 @@ impl Exchange {
             // would bury slow seats under a payload each.
             let since = r.reseated.or(st.manifest_at);
             let orphan = signed.is_empty() && since.is_some_and(|t| t + timing.silent <= now);
-            if disagree || ((orphan || silent) && r.backup) {
+            if disagree {
                 r.recompute = true;
             }
-            let free = !r.out && r.due.is_none_or(|d| d <= now);
-            if r.recompute {
+            if (orphan || silent) && r.backup {
+                r.check = true;
+            }
+            if r.recompute || r.check {
+                // (Not hedged: a recomputation moves a payload's worth.)
+                let free = r.verify.out == 0 && r.verify_due.is_none_or(|d| d <= now);
                 let local = own.is_some() && st.agg.get(&shard).is_some_and(|a| a.missing == 0);
                 let n = seats.len();
                 let start = (me as usize + s) % n;
                 let pick = (0..n)
-                    .map(|k| (start + r.asked + k) % n)
-                    .find(|&i| seats[i] != me);
+                    .map(|k| seats[(start + r.verify.tried + k) % n])
+                    .find(|&x| x != me);
                 if free && (local || pick.is_some()) {
-                    let from = if local {
-                        me
-                    } else {
-                        r.asked += 1;
-                        seats[pick.expect("checked")]
-                    };
-                    r.out = true;
-                    r.due = None;
+                    let from = if local { me } else { pick.expect("checked") };
+                    r.verify.sent(now, from);
+                    r.verify_due = None;
                     self.out.push(Action::Recompute {
                         step,
                         shard,
@@ -967,28 +1045,33 @@ impl Exchange {
                         manifest,
                     });
                 }
+            }
+            let free = r.ask.out == 0 && r.due.is_none_or(|d| d <= now);
+            if r.recompute {
+                // Only the recomputation decides it.
             } else if let Some(h) = own.and_then(|i| signed_for[i]) {
                 // This node's own sum.
                 r.got = Some(h);
-            } else if r.got.is_none() && free && (own.is_none() || silent) {
+            } else if r.got.is_none()
+                && (free || r.ask.hedge_due(now, timing.hedge))
+                && (own.is_none() || silent)
+            {
                 // (An aggregator fetches another seat's sum only when its
                 // own is overdue.)
                 // A sum only from a seat that has signed one, rotating by
-                // node and shard so the seats share the serving.
+                // node and shard so the seats share the serving; one still
+                // unanswered after `hedge` is asked of the next as well.
                 let n = seats.len();
                 let start = (me as usize + s) % n;
-                if let Some(i) = (0..n)
-                    .map(|k| (start + r.asked + k) % n)
-                    .find(|&i| signed_for[i].is_some())
-                {
-                    r.asked += 1;
-                    r.out = true;
+                let signed = (0..n)
+                    .map(|k| (start + r.ask.tried + k) % n)
+                    .filter(|&i| signed_for[i].is_some())
+                    .map(|i| seats[i]);
+                if let Some(from) = r.ask.next(signed) {
+                    r.ask.sent(now, from);
+                    self.timers.insert((now + timing.hedge, step, shard));
                     r.due = None;
-                    self.out.push(Action::FetchSum {
-                        step,
-                        shard,
-                        from: seats[i],
-                    });
+                    self.out.push(Action::FetchSum { step, shard, from });
                 }
             }
             if !r.recompute
@@ -1035,9 +1118,18 @@ mod tests {
         silent: BTreeSet<u32>,
         /// Pushes (member, aggregator) that fail.
         lost: BTreeSet<(u32, u32)>,
+        /// Nodes whose answers to slice and sum requests never arrive (nor
+        /// does word that they failed): the requests that did so.
+        hung: BTreeSet<u32>,
+        unanswered: Vec<(u32, Action)>,
+        /// Recomputations held back until `release` (slow ones).
+        slow_checks: bool,
+        held_checks: Vec<(u32, Action)>,
         signed: BTreeMap<(u32, u32), Hash>,
         announced: BTreeSet<u32>,
         applied: BTreeMap<u32, Vec<u32>>,
+        /// When each node last applied.
+        applied_at: BTreeMap<u32, Duration>,
         rewound: BTreeSet<u32>,
         convicted: BTreeSet<(u32, u32)>,
         pushes: BTreeMap<u32, usize>,
@@ -1098,9 +1190,14 @@ mod tests {
                 liars: BTreeSet::new(),
                 silent: BTreeSet::new(),
                 lost: BTreeSet::new(),
+                hung: BTreeSet::new(),
+                unanswered: Vec::new(),
+                slow_checks: false,
+                held_checks: Vec::new(),
                 signed: BTreeMap::new(),
                 announced: BTreeSet::new(),
                 applied: BTreeMap::new(),
+                applied_at: BTreeMap::new(),
                 rewound: BTreeSet::new(),
                 convicted: BTreeSet::new(),
                 pushes: BTreeMap::new(),
@@ -1138,6 +1235,16 @@ mod tests {
 
         fn handle(&mut self, i: u32, a: Action) {
             let now = self.now;
+            if let Action::FetchSlice { from, .. } | Action::FetchSum { from, .. } = a
+                && self.hung.contains(&from)
+            {
+                self.unanswered.push((i, a));
+                return;
+            }
+            if self.slow_checks && matches!(a, Action::Recompute { .. }) {
+                self.held_checks.push((i, a));
+                return;
+            }
             match a {
                 Action::Push { step, shard, to } => {
                     *self.pushes.entry(i).or_default() += 1;
@@ -1197,7 +1304,7 @@ mod tests {
                 } => {
                     self.recomputed.insert((i, shard));
                     if self.silent.contains(&from) && from != i {
-                        self.nodes[i as usize].on_fetch_failed(now, step, shard);
+                        self.nodes[i as usize].on_recompute_failed(now, step, shard);
                     } else {
                         let h = truth_for(shard, manifest);
                         self.nodes[i as usize].on_recomputed(step, shard, manifest, h);
@@ -1216,7 +1323,10 @@ mod tests {
                         x.on_evidence(step, shard, manifest);
                     }
                 }
-                Action::Apply { step } => self.applied.entry(i).or_default().push(step),
+                Action::Apply { step } => {
+                    self.applied.entry(i).or_default().push(step);
+                    self.applied_at.insert(i, now);
+                }
                 Action::Rewind { step } => {
                     self.rewound.insert(i);
                     assert_eq!(self.applied.get_mut(&i).and_then(|v| v.pop()), Some(step));
@@ -1234,6 +1344,15 @@ mod tests {
             let members: Vec<u32> = self.announced.iter().copied().collect();
             for x in &mut self.nodes {
                 x.on_manifest(self.now, 0, M, &members);
+            }
+            self.run();
+        }
+
+        /// Answers the recomputations held back, and runs on.
+        fn release(&mut self) {
+            self.slow_checks = false;
+            for (i, a) in std::mem::take(&mut self.held_checks) {
+                self.handle(i, a);
             }
             self.run();
         }
@@ -1335,6 +1454,61 @@ mod tests {
     }
 
     #[test]
+    fn an_unanswered_sum_request_holds_its_asker_for_the_hedge_delay_only() {
+        let members: Vec<u32> = (0..8).collect();
+        let seats = shard::aggregators(&members, 8, 2, Draw(7)).unwrap();
+        // Seat `hung` signs its sums but its answers are lost on the way,
+        // and no failure is ever reported.
+        let hung = seats[0][0];
+        let run = |hedge: Duration| {
+            let mut w = World::new(8, 8, 2, none, none);
+            for x in &mut w.nodes {
+                x.timing.hedge = hedge;
+            }
+            w.hung.insert(hung);
+            w.step();
+            assert!(w.everyone_applied_once(), "{:?}", w.applied);
+            assert!(w.convicted.is_empty() && w.recomputed.is_empty());
+            let asked_hung = w
+                .unanswered
+                .iter()
+                .any(|(_, a)| matches!(a, Action::FetchSum { .. }));
+            assert!(asked_hung, "somebody asked the hung seat first");
+            w.applied_at.values().copied().max().unwrap()
+        };
+        // The other seat is asked `hedge` after the first request (made
+        // at once: the sums are signed as the manifest arrives).
+        let hedge = Timing::default().hedge;
+        assert_eq!(run(hedge), hedge);
+        // Without the hedge the asker would wait as long as its request
+        // does: here, for ever; on the wire, its deadline.
+        let hour = Duration::from_secs(3600);
+        assert_eq!(run(hour), hour);
+    }
+
+    #[test]
+    fn a_seat_whose_slice_request_goes_unanswered_asks_the_other_seat_after_the_hedge_delay() {
+        let members: Vec<u32> = (0..8).collect();
+        let seats = shard::aggregators(&members, 8, 2, Draw(7)).unwrap();
+        let [a, b] = [seats[0][0], seats[0][1]];
+        // A member that is no seat of shard 0: its push to `b` fails, and
+        // it never answers `b`'s request for the slice; `a` holds it.
+        let m = (0..8).find(|i| !seats[0].contains(i)).unwrap();
+        let mut w = World::new(8, 8, 2, none, none);
+        w.lost.insert((m, b));
+        w.hung.insert(m);
+        w.step();
+        assert!(w.everyone_applied_once(), "{:?}", w.applied);
+        assert!(w.unanswered.iter().any(
+            |(i, x)| *i == b && matches!(x, Action::FetchSlice { member, .. } if *member == m)
+        ));
+        // `b` got the slice from `a` and signed: its shard was not left to
+        // `a` alone.
+        assert_eq!(w.signed.get(&(0, b)), Some(&truth(0)));
+        assert_eq!(w.signed.get(&(0, a)), Some(&truth(0)));
+    }
+
+    #[test]
     fn a_liar_whose_partner_is_silent_is_caught_by_a_backup_check() {
         let members: Vec<u32> = (0..8).collect();
         let seats = shard::aggregators(&members, 8, 2, Draw(7)).unwrap();
@@ -1387,6 +1561,64 @@ mod tests {
         assert!(w.convicted.iter().any(|c| c.0 == spotter));
         // Every node ends on the true sum, whether it had applied the lie
         // (and rewound) or heard the evidence first.
+        for x in &w.nodes {
+            assert_eq!(x.accepted(0, 0), Some(truth(0)));
+        }
+    }
+
+    #[test]
+    fn a_spot_check_runs_beside_acceptance_and_a_lie_it_finds_later_is_rewound() {
+        let members: Vec<u32> = (0..8).collect();
+        let seats = shard::aggregators(&members, 8, 2, Draw(7)).unwrap();
+        let spotter = (0..8).find(|i| !seats[0].contains(i)).unwrap();
+        let mut w = World::new(8, 8, 2, only(spotter), none);
+        for &a in &seats[0] {
+            w.liars.insert(a);
+        }
+        // The check is slow: the spotter applies the seats' agreed sum
+        // without waiting for it, like everyone else.
+        w.slow_checks = true;
+        w.step();
+        assert!(w.everyone_applied_once(), "{:?}", w.applied);
+        assert_eq!(w.held_checks.len(), 1);
+        assert_eq!(w.nodes[spotter as usize].accepted(0, 0), Some([LIE; 32]));
+        // It comes back: the liars are convicted, and every node goes back
+        // and applies the truth.
+        w.release();
+        let convicts: BTreeSet<u32> = w.convicted.iter().map(|c| c.1).collect();
+        assert_eq!(convicts, seats[0].iter().copied().collect());
+        assert!(w.rewound.contains(&spotter));
+        assert!(w.everyone_applied_once(), "{:?}", w.applied);
+        for x in &w.nodes {
+            assert_eq!(x.accepted(0, 0), Some(truth(0)));
+        }
+    }
+
+    #[test]
+    fn a_shard_proven_false_elsewhere_is_accepted_only_from_a_recomputation() {
+        // Evidence (unlike a spot check) blocks the shard: a node told
+        // that a seat lied does not take the seats' word meanwhile.
+        let members: Vec<u32> = (0..8).collect();
+        let seats = shard::aggregators(&members, 8, 2, Draw(7)).unwrap();
+        let mut w = World::new(8, 8, 2, none, none);
+        for &a in &seats[0] {
+            w.liars.insert(a);
+        }
+        w.slow_checks = true;
+        for x in &mut w.nodes {
+            x.on_computed(0);
+        }
+        w.settle();
+        let listed: Vec<u32> = w.announced.iter().copied().collect();
+        for x in &mut w.nodes {
+            x.on_manifest(w.now, 0, M, &listed);
+            assert_eq!(x.on_evidence(0, 0, M), Verdict::Accepted);
+        }
+        w.run();
+        assert!(w.applied.is_empty(), "{:?}", w.applied);
+        w.release();
+        assert!(w.everyone_applied_once(), "{:?}", w.applied);
+        assert!(w.rewound.is_empty());
         for x in &w.nodes {
             assert_eq!(x.accepted(0, 0), Some(truth(0)));
         }

@@ -4,8 +4,8 @@
 //! sums, a recomputation's slices) and gossip are modelled as in
 //! [`super::sim`]: an uplink is shared by what it sends at once, a
 //! downlink serves first come, first served, a share of requests fails at
-//! the node's request deadline. The libp2p node does not run this exchange
-//! yet, so these are a design's figures, not the shipped node's.
+//! the node's request deadline. The libp2p node runs the same machines
+//! (`node::sharded`); gossip and heartbeat bytes are not charged here.
 
 use super::exchange::{self, Action as XAction, Exchange, Hash, ManifestId};
 use super::msg::{Announce, Manifest};
@@ -76,7 +76,27 @@ pub struct ShardedResult {
     /// Recomputations per node per step (spot checks and disputes).
     pub recomputes: f64,
     pub convictions: u64,
+    /// Where a step's time goes: mean seconds from a node's compute of a
+    /// step ending to each later mark of that step at that node.
+    pub phases: Phases,
 }
+
+/// Mean seconds after a node finished computing a step until it reached
+/// each mark of that step (over nodes and steps that reached it).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Phases {
+    /// Its slices held by a seat of every shard: it announces.
+    pub announced: f64,
+    /// The step's manifest reached it.
+    pub manifest: f64,
+    /// Every shard's sum accepted.
+    pub accepted: f64,
+    /// The step applied.
+    pub applied: f64,
+}
+
+/// The marks of [`Phases`], in order, after the compute's end (index 0).
+const MARKS: usize = 5;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum What {
@@ -208,6 +228,15 @@ struct Node {
     recomputes: u64,
     /// The step machine's next deadline when it was last polled.
     steps_deadline: Option<Duration>,
+    /// Per step, when each of its marks ([`Phases`]) was first reached.
+    marks: BTreeMap<u32, [Option<f64>; MARKS]>,
+}
+
+impl Node {
+    fn mark(&mut self, step: u32, which: usize, now: f64) {
+        let m = self.marks.entry(step).or_default();
+        m[which].get_or_insert(now);
+    }
 }
 
 const TRUE_SUM: Hash = [1; 32];
@@ -275,6 +304,7 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
                 down_bytes: 0.0,
                 recomputes: 0,
                 steps_deadline: None,
+                marks: BTreeMap::new(),
             }
         })
         .collect();
@@ -350,6 +380,7 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
             Ev::ComputeDone { step, .. } => {
                 let me = &mut nodes[node as usize];
                 me.busy = false;
+                me.mark(step, 0, now);
                 me.steps.on_compute(Duration::from_secs_f64(me.computing));
                 open(me, node, step);
                 me.ex.on_computed(step);
@@ -460,9 +491,8 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
                         shard,
                         member,
                     } => ex.on_slice_failed(d, step, shard, member),
-                    What::Sum { step, shard } | What::Slices { step, shard, .. } => {
-                        ex.on_fetch_failed(d, step, shard)
-                    }
+                    What::Sum { step, shard } => ex.on_fetch_failed(d, step, shard),
+                    What::Slices { step, shard, .. } => ex.on_recompute_failed(d, step, shard),
                 }
             }
             Ev::Announce { from, step, .. } => {
@@ -501,6 +531,7 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
                 // (An apply a rewind overtook counts for nothing.)
                 if step == me.applied && rewinds == me.rewinds {
                     me.applied += 1;
+                    me.mark(step, 4, now);
                     let applied = me.applied;
                     me.steps.on_applied(applied, [applied as u8; 32]);
                     me.ex.forget_before(applied.saturating_sub(4));
@@ -536,6 +567,7 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
                         Action::Apply { manifest, .. } => {
                             let members: Vec<u32> = manifest.entries.iter().map(|e| e.0).collect();
                             let me = &mut nodes[node as usize];
+                            me.mark(manifest.step, 2, now);
                             me.contributions.insert(manifest.step, members.len() as u64);
                             if let Some(l) = listed.get_mut(manifest.step as usize) {
                                 *l = members.len();
@@ -594,6 +626,7 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
                     }
                     XAction::Announce { step } => {
                         touch_steps = true;
+                        nodes[node as usize].mark(step, 1, now);
                         let m = &mut nodes[node as usize].steps;
                         m.on_local(d, &announce(step, node));
                         let _ = m.on_payload(d, hash_of(step, node));
@@ -666,6 +699,7 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
                     }
                     XAction::Convict { .. } => convictions += 1,
                     XAction::Apply { step } => {
+                        nodes[node as usize].mark(step, 3, now);
                         nodes[node as usize].ready.insert(step);
                     }
                     XAction::Rewind { step } => {
@@ -799,6 +833,24 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
         down_max,
         recomputes: nodes.iter().map(|x| x.recomputes as f64).sum::<f64>() / n as f64 / steps,
         convictions,
+        phases: phases(&nodes),
+    }
+}
+
+fn phases(nodes: &[Node]) -> Phases {
+    let mean = |which: usize| {
+        let (sum, count) = nodes
+            .iter()
+            .flat_map(|x| x.marks.values())
+            .filter_map(|m| Some(m[which]? - m[0]?))
+            .fold((0.0, 0u64), |(s, c), v| (s + v, c + 1));
+        sum / count.max(1) as f64
+    };
+    Phases {
+        announced: mean(1),
+        manifest: mean(2),
+        accepted: mean(3),
+        applied: mean(4),
     }
 }
 

@@ -608,11 +608,11 @@ impl Net {
                 manifest,
             } => {
                 let Some((id, members)) = sh.manifests.get(&step).cloned() else {
-                    sh.ex.on_fetch_failed(now, step, shard);
+                    sh.ex.on_recompute_failed(now, step, shard);
                     return false;
                 };
                 if id != manifest {
-                    sh.ex.on_fetch_failed(now, step, shard);
+                    sh.ex.on_recompute_failed(now, step, shard);
                     return false;
                 }
                 let mut r = Recompute {
@@ -633,7 +633,7 @@ impl Net {
                     }
                 }
                 if from == me && !ask.is_empty() {
-                    sh.ex.on_fetch_failed(now, step, shard);
+                    sh.ex.on_recompute_failed(now, step, shard);
                     return false;
                 }
                 sh.recomputing.insert((step, shard), r);
@@ -651,7 +651,7 @@ impl Net {
                     };
                     if !net.ask(from, req, what) {
                         sh.recomputing.remove(&(step, shard));
-                        sh.ex.on_fetch_failed(now, step, shard);
+                        sh.ex.on_recompute_failed(now, step, shard);
                         return false;
                     }
                 }
@@ -766,7 +766,7 @@ impl Net {
             ) => {
                 if recompute {
                     if sh.recomputing.remove(&(step, shard)).is_some() {
-                        sh.ex.on_fetch_failed(now, step, shard);
+                        sh.ex.on_recompute_failed(now, step, shard);
                     }
                 } else {
                     sh.ex.on_slice_failed(now, step, shard, member);
