@@ -153,8 +153,8 @@ pub struct Timing {
     /// the manifest is handed to its reserve seats: its seats are taken
     /// for dead (a slow seat has had three times `silent`).
     pub reseat: Duration,
-    /// A sum or slice request unanswered this long is sent to the next
-    /// source as well, the first answer counting: a hedged request (Dean
+    /// A sum or slice request unanswered this long, or longer if sums take
+    /// longer to come here (their mean plus two mean deviations), is sent to the next source as well, the first answer counting: a hedged request (Dean
     /// and Barroso, "The Tail at Scale", CACM 2013). A node asks a
     /// thousand small things a step; with 1% lost and a lost one known
     /// only at its deadline (`step::Timing::deadline`, 5 s and more), every
@@ -170,7 +170,7 @@ impl Default for Timing {
             agree: Duration::from_secs(5),
             silent: Duration::from_secs(10),
             reseat: Duration::from_secs(30),
-            hedge: Duration::from_secs(4),
+            hedge: Duration::from_secs(2),
         }
     }
 }
@@ -363,6 +363,48 @@ pub struct Exchange {
     /// (when, step, shard) to look at again.
     timers: BTreeSet<(Duration, u32, u32)>,
     out: Vec<Action>,
+    /// How long sum requests take to be answered here.
+    answers: AnswerTime,
+}
+
+/// Deviations past the mean answer time before a hedge (TCP waits 4 before
+/// it retransmits; a hedge costs less than a time-out, and "The Tail at
+/// Scale" hedges at about the 95th percentile).
+const HEDGE_DEVIATIONS: f64 = 2.0;
+
+/// A smoothed answer time and its mean deviation, as TCP estimates a
+/// round trip (RFC 6298: gains 1/8 and 1/4): a hedge sent before most
+/// answers come would double the load on seats whose uplinks are merely
+/// full, and make them slower still.
+#[derive(Debug, Default, Clone, Copy)]
+struct AnswerTime {
+    mean: Option<f64>,
+    deviation: f64,
+}
+
+impl AnswerTime {
+    fn observe(&mut self, took: Duration) {
+        let x = took.as_secs_f64();
+        match self.mean {
+            None => {
+                self.mean = Some(x);
+                self.deviation = x / 2.0;
+            }
+            Some(m) => {
+                self.deviation += ((m - x).abs() - self.deviation) / 4.0;
+                self.mean = Some(m + (x - m) / 8.0);
+            }
+        }
+    }
+
+    /// When to hedge: the mean plus [`HEDGE_DEVIATIONS`] deviations, and
+    /// never before `floor`.
+    fn hedge(&self, floor: Duration) -> Duration {
+        let late = self
+            .mean
+            .map_or(0.0, |m| m + HEDGE_DEVIATIONS * self.deviation);
+        floor.max(Duration::try_from_secs_f64(late).unwrap_or(Duration::MAX / 4))
+    }
 }
 
 impl Agg {
@@ -448,6 +490,7 @@ impl Exchange {
             dirty: BTreeSet::new(),
             timers: BTreeSet::new(),
             out: Vec::new(),
+            answers: AnswerTime::default(),
         }
     }
 
@@ -784,6 +827,13 @@ impl Exchange {
         };
         let current = st.manifest;
         let r = &mut st.recv[shard as usize];
+        // Timed only when one request was out: with a hedge out too, which
+        // one answered is unknown.
+        if r.ask.out == 1
+            && let Some(sent) = r.ask.sent
+        {
+            self.answers.observe(now.saturating_sub(sent));
+        }
         r.ask.back();
         if current.is_some() && r.hashes[seat] == current.map(|m| (m, hash)) {
             r.got = Some(hash);
@@ -905,6 +955,7 @@ impl Exchange {
     fn drive(&mut self, now: Duration, step: u32, shard: u32) {
         let me = self.me;
         let timing = self.timing;
+        let hedge = self.answers.hedge(timing.hedge);
         let Some(st) = self.steps.get_mut(&step) else {
             return;
         };
@@ -946,7 +997,11 @@ impl Exchange {
             } else if !a.published && a.fetch_from.is_some_and(|t| t <= now) {
                 let seats = &st.seats[s];
                 for (&m, ask) in a.asking.iter_mut() {
-                    if ask.out > 0 && !ask.hedge_due(now, timing.hedge) {
+                    if ask.out > 0 && !ask.hedge_due(now, hedge) {
+                        // (The delay may have grown since it was sent.)
+                        if let Some(t) = ask.sent.filter(|_| ask.out == 1) {
+                            self.timers.insert((t + hedge, step, shard));
+                        }
                         continue;
                     }
                     // The member first, then the shard's other aggregators.
@@ -962,7 +1017,7 @@ impl Exchange {
                         continue;
                     };
                     ask.sent(now, from);
-                    self.timers.insert((now + timing.hedge, step, shard));
+                    self.timers.insert((now + hedge, step, shard));
                     self.out.push(Action::FetchSlice {
                         step,
                         shard,
@@ -1047,13 +1102,18 @@ impl Exchange {
                 }
             }
             let free = r.ask.out == 0 && r.due.is_none_or(|d| d <= now);
+            if let Some(t) = r.ask.sent.filter(|_| r.ask.out == 1 && r.got.is_none()) {
+                // Look again when a hedge is due (the delay may have grown
+                // since the request went).
+                self.timers.insert((t + hedge, step, shard));
+            }
             if r.recompute {
                 // Only the recomputation decides it.
             } else if let Some(h) = own.and_then(|i| signed_for[i]) {
                 // This node's own sum.
                 r.got = Some(h);
             } else if r.got.is_none()
-                && (free || r.ask.hedge_due(now, timing.hedge))
+                && (free || r.ask.hedge_due(now, hedge))
                 && (own.is_none() || silent)
             {
                 // (An aggregator fetches another seat's sum only when its
@@ -1069,7 +1129,7 @@ impl Exchange {
                     .map(|i| seats[i]);
                 if let Some(from) = r.ask.next(signed) {
                     r.ask.sent(now, from);
-                    self.timers.insert((now + timing.hedge, step, shard));
+                    self.timers.insert((now + hedge, step, shard));
                     r.due = None;
                     self.out.push(Action::FetchSum { step, shard, from });
                 }
@@ -1451,6 +1511,33 @@ mod tests {
         assert!(w.convicted.is_empty() && w.rewound.is_empty());
         assert!(w.recomputed.is_empty());
         assert!(w.now >= Timing::default().agree);
+    }
+
+    #[test]
+    fn a_hedge_waits_for_most_answers_to_come_as_they_have_been_coming() {
+        let floor = Duration::from_secs(4);
+        let mut t = AnswerTime::default();
+        // Nothing measured yet, or quick answers: the floor.
+        assert_eq!(t.hedge(floor), floor);
+        for _ in 0..20 {
+            t.observe(Duration::from_millis(300));
+        }
+        assert_eq!(t.hedge(floor), floor);
+        // Seats whose uplinks are full answer in 5 to 7 s: a hedge at 4 s
+        // would double their load; it waits past nearly all of them.
+        for i in 0..40 {
+            t.observe(Duration::from_secs(5 + i % 3));
+        }
+        assert!(
+            t.hedge(floor) > Duration::from_secs(7),
+            "{:?}",
+            t.hedge(floor)
+        );
+        assert!(
+            t.hedge(floor) < Duration::from_secs(20),
+            "{:?}",
+            t.hedge(floor)
+        );
     }
 
     #[test]
