@@ -50,17 +50,19 @@ const FLAGS: &[&str] = &[
 /// `--wait-secs` and `--agree-secs`.
 fn exchange_timing(a: &Args) -> Result<exchange::Timing> {
     let shipped = exchange::Timing::default();
-    let secs = |flag: &str, d: Duration| -> Result<Duration> {
-        let v: f64 = a.get(flag, d.as_secs_f64())?;
-        Duration::try_from_secs_f64(v)
-            .map_err(|_| anyhow::anyhow!("--{flag} {v}: expected a finite number of seconds ≥ 0"))
-    };
     Ok(exchange::Timing {
-        hedge: secs("hedge-secs", shipped.hedge)?,
-        wait: secs("wait-secs", shipped.wait)?,
-        agree: secs("agree-secs", shipped.agree)?,
+        hedge: secs(a, "hedge-secs", shipped.hedge)?,
+        wait: secs(a, "wait-secs", shipped.wait)?,
+        agree: secs(a, "agree-secs", shipped.agree)?,
         ..shipped
     })
+}
+
+/// A flag given in seconds, `default` if absent.
+fn secs(a: &Args, flag: &str, default: Duration) -> Result<Duration> {
+    let v: f64 = a.get(flag, default.as_secs_f64())?;
+    Duration::try_from_secs_f64(v)
+        .map_err(|_| anyhow::anyhow!("--{flag} {v}: expected a finite number of seconds ≥ 0"))
 }
 
 pub fn run(raw: &[String]) -> Result<()> {
@@ -90,10 +92,7 @@ pub fn run(raw: &[String]) -> Result<()> {
     // `Timing::default()`); `--collect-secs` and `--collect-share` try
     // another collect window.
     let shipped = Timing::default();
-    let collect: f64 = a.get("collect-secs", shipped.collect.as_secs_f64())?;
-    let Ok(collect) = Duration::try_from_secs_f64(collect) else {
-        anyhow::bail!("--collect-secs {collect}: expected a finite number of seconds ≥ 0");
-    };
+    let collect = secs(&a, "collect-secs", shipped.collect)?;
     let collect_share: f64 = a.get("collect-share", shipped.collect_share)?;
     if !(0.0..=10.0).contains(&collect_share) {
         anyhow::bail!(
@@ -401,12 +400,9 @@ fn sharded(
             );
             let ph = net.phases;
             println!(
-                "{line}   ({:.1} s to simulate; after compute: announced {:.2} s, manifest {:.2} s, accepted {:.2} s, applied {:.2} s)",
+                "{line}   ({:.1} s to simulate; announced {:.2} s after compute)",
                 wall.elapsed().as_secs_f64(),
                 ph.announced,
-                ph.manifest,
-                ph.accepted,
-                ph.applied,
             );
             md.push_str(&line);
             md.push('\n');

@@ -289,10 +289,16 @@ impl Asking {
         self.out = self.out.saturating_sub(1);
     }
 
-    /// One request is out and unanswered for `hedge`: time to ask the next
-    /// source too (once: two at most are out).
+    /// When to ask the next source too, while one request is out (once:
+    /// two at most are out). Asked again at each look, as the delay may
+    /// have grown since the request went.
+    fn hedge_at(&self, hedge: Duration) -> Option<Duration> {
+        self.sent.filter(|_| self.out == 1).map(|t| t + hedge)
+    }
+
+    /// One request is out and unanswered for `hedge`.
     fn hedge_due(&self, now: Duration, hedge: Duration) -> bool {
-        self.out == 1 && self.sent.is_some_and(|t| t + hedge <= now)
+        self.hedge_at(hedge).is_some_and(|t| t <= now)
     }
 }
 
@@ -997,33 +1003,26 @@ impl Exchange {
             } else if !a.published && a.fetch_from.is_some_and(|t| t <= now) {
                 let seats = &st.seats[s];
                 for (&m, ask) in a.asking.iter_mut() {
-                    if ask.out > 0 && !ask.hedge_due(now, hedge) {
-                        // (The delay may have grown since it was sent.)
-                        if let Some(t) = ask.sent.filter(|_| ask.out == 1) {
-                            self.timers.insert((t + hedge, step, shard));
+                    if ask.out == 0 || ask.hedge_due(now, hedge) {
+                        // The member first, then the shard's other aggregators.
+                        let sources: Vec<u32> = std::iter::once(m)
+                            .chain(seats.iter().copied().filter(|&x| x != m))
+                            .filter(|&x| x != me)
+                            .collect();
+                        let k = sources.len();
+                        if let Some(from) = ask.next((0..k).map(|i| sources[(ask.tried + i) % k])) {
+                            ask.sent(now, from);
+                            self.out.push(Action::FetchSlice {
+                                step,
+                                shard,
+                                member: m,
+                                from,
+                            });
                         }
-                        continue;
                     }
-                    // The member first, then the shard's other aggregators.
-                    let sources: Vec<u32> = std::iter::once(m)
-                        .chain(seats.iter().copied().filter(|&x| x != m))
-                        .filter(|&x| x != me)
-                        .collect();
-                    if sources.is_empty() {
-                        continue;
+                    if let Some(t) = ask.hedge_at(hedge) {
+                        self.timers.insert((t, step, shard));
                     }
-                    let k = sources.len();
-                    let Some(from) = ask.next((0..k).map(|i| sources[(ask.tried + i) % k])) else {
-                        continue;
-                    };
-                    ask.sent(now, from);
-                    self.timers.insert((now + hedge, step, shard));
-                    self.out.push(Action::FetchSlice {
-                        step,
-                        shard,
-                        member: m,
-                        from,
-                    });
                 }
             }
         }
@@ -1102,11 +1101,6 @@ impl Exchange {
                 }
             }
             let free = r.ask.out == 0 && r.due.is_none_or(|d| d <= now);
-            if let Some(t) = r.ask.sent.filter(|_| r.ask.out == 1 && r.got.is_none()) {
-                // Look again when a hedge is due (the delay may have grown
-                // since the request went).
-                self.timers.insert((t + hedge, step, shard));
-            }
             if r.recompute {
                 // Only the recomputation decides it.
             } else if let Some(h) = own.and_then(|i| signed_for[i]) {
@@ -1129,10 +1123,12 @@ impl Exchange {
                     .map(|i| seats[i]);
                 if let Some(from) = r.ask.next(signed) {
                     r.ask.sent(now, from);
-                    self.timers.insert((now + hedge, step, shard));
                     r.due = None;
                     self.out.push(Action::FetchSum { step, shard, from });
                 }
+            }
+            if let Some(t) = r.ask.hedge_at(hedge).filter(|_| r.got.is_none()) {
+                self.timers.insert((t, step, shard));
             }
             if !r.recompute
                 && (all || silent)
@@ -1408,6 +1404,11 @@ mod tests {
             self.run();
         }
 
+        /// Every seat of `shard` signs and serves the same wrong sum.
+        fn collude(&mut self, shard: usize) {
+            self.liars.extend(self.seats[shard].iter().copied());
+        }
+
         /// Answers the recomputations held back, and runs on.
         fn release(&mut self) {
             self.slow_checks = false;
@@ -1420,6 +1421,12 @@ mod tests {
         fn everyone_applied_once(&self) -> bool {
             (0..self.nodes.len() as u32).all(|i| self.applied.get(&i) == Some(&vec![0]))
         }
+    }
+
+    /// The seats `World::new(8, 8, 2, …)` draws.
+    fn seats8() -> Seats {
+        let members: Vec<u32> = (0..8).collect();
+        shard::aggregators(&members, 8, 2, Draw(7)).unwrap()
     }
 
     fn none(_: u32) -> BTreeSet<u32> {
@@ -1542,8 +1549,7 @@ mod tests {
 
     #[test]
     fn an_unanswered_sum_request_holds_its_asker_for_the_hedge_delay_only() {
-        let members: Vec<u32> = (0..8).collect();
-        let seats = shard::aggregators(&members, 8, 2, Draw(7)).unwrap();
+        let seats = seats8();
         // Seat `hung` signs its sums but its answers are lost on the way,
         // and no failure is ever reported.
         let hung = seats[0][0];
@@ -1575,8 +1581,7 @@ mod tests {
 
     #[test]
     fn a_seat_whose_slice_request_goes_unanswered_asks_the_other_seat_after_the_hedge_delay() {
-        let members: Vec<u32> = (0..8).collect();
-        let seats = shard::aggregators(&members, 8, 2, Draw(7)).unwrap();
+        let seats = seats8();
         let [a, b] = [seats[0][0], seats[0][1]];
         // A member that is no seat of shard 0: its push to `b` fails, and
         // it never answers `b`'s request for the slice; `a` holds it.
@@ -1597,8 +1602,7 @@ mod tests {
 
     #[test]
     fn a_liar_whose_partner_is_silent_is_caught_by_a_backup_check() {
-        let members: Vec<u32> = (0..8).collect();
-        let seats = shard::aggregators(&members, 8, 2, Draw(7)).unwrap();
+        let seats = seats8();
         let (liar, mute) = (seats[0][0], seats[0][1]);
         let checker = (0..8).find(|i| !seats[0].contains(i)).unwrap();
         let backup = only(checker);
@@ -1617,8 +1621,7 @@ mod tests {
     #[test]
     fn without_a_backup_a_liar_whose_partner_is_silent_goes_unnoticed() {
         // Why backups exist: the attack above succeeds without one.
-        let members: Vec<u32> = (0..8).collect();
-        let seats = shard::aggregators(&members, 8, 2, Draw(7)).unwrap();
+        let seats = seats8();
         let mut w = World::new(8, 8, 2, none, none);
         w.liars.insert(seats[0][0]);
         w.silent.insert(seats[0][1]);
@@ -1633,14 +1636,11 @@ mod tests {
      {
         // Shard 0's two aggregators lie together; only node `spotter`
         // recomputes shard 0 on its own.
-        let members: Vec<u32> = (0..8).collect();
-        let seats = shard::aggregators(&members, 8, 2, Draw(7)).unwrap();
+        let seats = seats8();
         let spotter = (0..8).find(|i| !seats[0].contains(i)).unwrap();
         let spot = only(spotter);
         let mut w = World::new(8, 8, 2, spot, none);
-        for &a in &seats[0] {
-            w.liars.insert(a);
-        }
+        w.collude(0);
         w.step();
         assert!(w.everyone_applied_once(), "{:?}", w.applied);
         let convicts: BTreeSet<u32> = w.convicted.iter().map(|c| c.1).collect();
@@ -1655,13 +1655,10 @@ mod tests {
 
     #[test]
     fn a_spot_check_runs_beside_acceptance_and_a_lie_it_finds_later_is_rewound() {
-        let members: Vec<u32> = (0..8).collect();
-        let seats = shard::aggregators(&members, 8, 2, Draw(7)).unwrap();
+        let seats = seats8();
         let spotter = (0..8).find(|i| !seats[0].contains(i)).unwrap();
         let mut w = World::new(8, 8, 2, only(spotter), none);
-        for &a in &seats[0] {
-            w.liars.insert(a);
-        }
+        w.collude(0);
         // The check is slow: the spotter applies the seats' agreed sum
         // without waiting for it, like everyone else.
         w.slow_checks = true;
@@ -1685,12 +1682,8 @@ mod tests {
     fn a_shard_proven_false_elsewhere_is_accepted_only_from_a_recomputation() {
         // Evidence (unlike a spot check) blocks the shard: a node told
         // that a seat lied does not take the seats' word meanwhile.
-        let members: Vec<u32> = (0..8).collect();
-        let seats = shard::aggregators(&members, 8, 2, Draw(7)).unwrap();
         let mut w = World::new(8, 8, 2, none, none);
-        for &a in &seats[0] {
-            w.liars.insert(a);
-        }
+        w.collude(0);
         w.slow_checks = true;
         for x in &mut w.nodes {
             x.on_computed(0);
@@ -1714,12 +1707,8 @@ mod tests {
     #[test]
     fn without_spot_checks_colluding_seats_go_unnoticed() {
         // The reason spot checks exist: the attack above succeeds without them.
-        let members: Vec<u32> = (0..8).collect();
-        let seats = shard::aggregators(&members, 8, 2, Draw(7)).unwrap();
         let mut w = World::new(8, 8, 2, none, none);
-        for &a in &seats[0] {
-            w.liars.insert(a);
-        }
+        w.collude(0);
         w.step();
         assert!(w.everyone_applied_once());
         assert!(w.convicted.is_empty());
@@ -1732,8 +1721,7 @@ mod tests {
         // every node recomputed a shard none of whose seats signed, two
         // silent seats would bring the whole job down on themselves (at
         // 1,000 members, a payload's worth from each of 1,000 nodes).
-        let members: Vec<u32> = (0..8).collect();
-        let seats = shard::aggregators(&members, 8, 2, Draw(7)).unwrap();
+        let seats = seats8();
         let backup = (0..8).find(|i| !seats[0].contains(i)).unwrap();
         let backups = only(backup);
         let mut w = World::new(8, 8, 2, none, backups);
