@@ -44,6 +44,7 @@ const FLAGS: &[&str] = &[
     "agree-secs",
     "sums",
     "wait-secs",
+    "withholding",
 ];
 
 /// The exchange's deadlines as the node ships them, but for `--hedge-secs`,
@@ -442,6 +443,7 @@ fn sharded(
         }
     }
     f.num("sharded_redundancy", redundancy as f64)
+        .num("sharded_withholding", a.get("withholding", 0u32)? as f64)
         .num("sharded_spots", spots as f64)
         .num("sharded_backups", backups as f64)
         .num(
@@ -577,6 +579,19 @@ fn sharded_config(a: &Args, base: &SimConfig, positions: u64, bits: u32) -> Resu
         n => n,
     };
     let full = (2.0 * base.nodes as f64 + 1.0).log2().ceil() as u32;
+    // Members that announce but push and serve no slice, spread over the
+    // member indices.
+    let withholding: u32 = a.get("withholding", 0)?;
+    if withholding >= base.nodes {
+        anyhow::bail!(
+            "--withholding {withholding}: fewer than the {} members",
+            base.nodes
+        );
+    }
+    let withholding = (0..withholding)
+        .map(|i| (i as u64 * base.nodes as u64 / withholding as u64) as u32 + 1)
+        .map(|m| m.min(base.nodes - 1))
+        .collect();
     Ok(ShardedConfig {
         base: SimConfig {
             steps,
@@ -589,6 +604,7 @@ fn sharded_config(a: &Args, base: &SimConfig, positions: u64, bits: u32) -> Resu
         positions,
         sum_bits: if bits == 0 { full } else { bits },
         timing: exchange_timing(a)?,
+        withholding,
     })
 }
 

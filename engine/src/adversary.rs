@@ -70,7 +70,16 @@ pub enum Mode {
     /// signs and serves a vote sum one vote off at one position
     /// (`net::exchange`). Network node only; not in [`Mode::ALL`].
     LyingAggregator,
+    /// Sends honest payloads; in the sharded exchange, at step
+    /// [`WITHHELD_STEP`], pushes no slice and serves none of its own (nor
+    /// hands one over), yet announces as if every shard held it: a listed
+    /// contribution nobody can sum. Network node only; not in
+    /// [`Mode::ALL`].
+    Withholding,
 }
+
+/// The step at which [`Mode::Withholding`] withholds its slices.
+pub const WITHHELD_STEP: u32 = 2;
 
 impl Mode {
     pub const ALL: [Mode; 9] = [
@@ -103,6 +112,7 @@ impl Mode {
             Mode::Stalling => "stalling",
             Mode::SilentReveal => "silent-reveal",
             Mode::LyingAggregator => "lying-aggregator",
+            Mode::Withholding => "withholding",
         }
     }
 
@@ -117,6 +127,7 @@ impl Mode {
                 Mode::Stalling,
                 Mode::SilentReveal,
                 Mode::LyingAggregator,
+                Mode::Withholding,
             ])
             .find(|m| m.name() == s)
     }
@@ -187,7 +198,8 @@ pub fn forge(mode: Mode, a: &Attack) -> Payload {
             | Mode::EquivocatingLeader
             | Mode::LyingLeader
             | Mode::Stalling
-            | Mode::LyingAggregator,
+            | Mode::LyingAggregator
+            | Mode::Withholding,
             Some(own),
         ) => own.clone(),
         (Mode::Alie, _) => against_majority(a, &mut rng, false),

@@ -747,11 +747,15 @@ fn a_lying_leader_gets_no_honest_member_accused_no_honest_node_failed_and_is_con
 /// that signs and serves a sum one vote off is caught by the nodes that
 /// fetch its shard (its co-seat signed another hash), which recompute the
 /// shard from the members' signed slices, apply the true sum, and convict
-/// it with its own signed claim as the proof.
+/// it with its own signed claim as the proof. In the same run a member
+/// announces step 2 but pushes and serves none of its slices: seats claim
+/// them withheld, every node fails to get them too, and a fall-back
+/// manifest without it takes the step (before, the step stalled for good).
 #[test]
-fn eight_processes_train_through_the_sharded_exchange_and_a_lying_aggregator_is_convicted() {
+fn eight_processes_train_through_the_sharded_exchange_a_lying_aggregator_is_convicted_and_a_withholder_left_out()
+ {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let (n, steps, liar) = (8, 6, 5);
+    let (n, steps, liar, withholder) = (8, 6, 5, 3);
     let ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
     let witnesses = (0..n).map(|i| i.to_string()).collect::<Vec<_>>().join(",");
     let mut peers: Vec<Peer> = (0..n)
@@ -763,14 +767,27 @@ fn eight_processes_train_through_the_sharded_exchange_and_a_lying_aggregator_is_
             if i == liar {
                 c.args(["--adversary", "lying-aggregator"]);
             }
+            if i == withholder {
+                c.args(["--adversary", "withholding"]);
+            }
             Peer::spawn(&mut c)
         })
         .collect();
-    let done: Vec<String> = peers
-        .iter_mut()
-        .map(|p| p.finish(Duration::from_secs(240)))
-        .collect();
-    let honest: Vec<usize> = (0..n).filter(|&i| i != liar).collect();
+    let honest: Vec<usize> = (0..n).filter(|&i| i != liar && i != withholder).collect();
+    // The withholder is behind from the step it stalled on, and finished
+    // nodes stay while a live peer still trains: it leaves once every
+    // honest node applied the last step.
+    let last = format!(r#""event":"applied","step":{}"#, steps - 1);
+    for &i in &honest {
+        peers[i].wait_for("the last step", Duration::from_secs(240), |p| {
+            p.lines().iter().any(|l| l.contains(&last))
+        });
+    }
+    let _ = peers[withholder].child.kill();
+    let mut done = vec![String::new(); n];
+    for &i in honest.iter().chain([&liar]) {
+        done[i] = peers[i].finish(Duration::from_secs(240));
+    }
     let finals: Vec<&str> = honest
         .iter()
         .map(|&i| field(&done[i], "hash").unwrap())
@@ -808,6 +825,20 @@ fn eight_processes_train_through_the_sharded_exchange_and_a_lying_aggregator_is_
         }
     }
     assert!(assert_agree(&honest.iter().map(|&i| &peers[i]).collect::<Vec<_>>()) > 0);
+    // Step 2 applied without the withholder's contribution, wherever it
+    // was applied (a node that fell behind may have downloaded the state
+    // after it instead).
+    let w = withholder as u32;
+    let mut applied_2 = 0;
+    for &i in &honest {
+        for l in peers[i].lines() {
+            if l.contains(r#""event":"applied""#) && field(&l, "step") == Some("2") {
+                assert!(!listed(&l).contains(&w), "member {i}: {l}");
+                applied_2 += 1;
+            }
+        }
+    }
+    assert!(applied_2 * 2 >= honest.len(), "{applied_2} applied step 2");
 }
 
 /// A member that, leading a step, heartbeats but never publishes (a silent

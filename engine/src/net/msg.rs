@@ -21,6 +21,8 @@
 //!              | [false sum: shard u32 | manifest [32] | hash [32] | sig [64]]
 //! sum_hash  := job [32] | epoch u32 | step u32 | shard u32 | aggregator u32
 //!              | manifest [32] | hash [32]
+//! withheld  := job [32] | epoch u32 | step u32 | shard u32 | aggregator u32
+//!              | manifest [32] | member u32
 //! ```
 
 use crate::defence::Ground;
@@ -29,7 +31,9 @@ use libp2p::identity::ed25519;
 
 /// 4 (2026-12-05): the sharded exchange's messages (`SumHash`, the false
 /// sum ground, slice pushes, slice and sum requests).
-pub const VERSION: u8 = 4;
+/// 5 (2026-12-05): a seat's claim that a listed slice is withheld
+/// (`Withheld`), and a slice handed to a seat (`Request::Hand`).
+pub const VERSION: u8 = 5;
 const MAGIC: &[u8; 3] = b"CHN";
 const DOMAIN: &[u8] = b"cohort-net-v1";
 /// Largest gossip message a node accepts: a manifest lists 36 bytes per
@@ -173,6 +177,21 @@ impl SumHash {
     }
 }
 
+/// A seat's signed word, in the sharded exchange, that nobody it asked
+/// serves `member`'s slice of `shard`, which the manifest `manifest` lists:
+/// not a proof (silence proves nothing), so every node checks it by asking
+/// the same sources itself ([`crate::net::exchange`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Withheld {
+    pub job: [u8; 32],
+    pub epoch: u32,
+    pub step: u32,
+    pub shard: u32,
+    pub aggregator: u32,
+    pub manifest: [u8; 32],
+    pub member: u32,
+}
+
 /// The hash an aggregator signs for a shard's vote sums: of their encoding
 /// on the wire ([`crate::shard::pack_sums`]), which is one per sums.
 pub fn sum_hash(sums: &[i32]) -> [u8; 32] {
@@ -189,6 +208,7 @@ pub enum Body {
     Heartbeat(Heartbeat),
     Accuse(Accuse),
     SumHash(SumHash),
+    Withheld(Withheld),
 }
 
 impl Body {
@@ -199,6 +219,7 @@ impl Body {
             Body::Heartbeat(h) => &h.job,
             Body::Accuse(a) => &a.job,
             Body::SumHash(h) => &h.job,
+            Body::Withheld(w) => &w.job,
         }
     }
     /// The member index the signer claims to be.
@@ -209,6 +230,7 @@ impl Body {
             Body::Heartbeat(h) => h.member,
             Body::Accuse(a) => a.witness,
             Body::SumHash(h) => h.aggregator,
+            Body::Withheld(w) => w.aggregator,
         }
     }
     fn kind(&self) -> u8 {
@@ -218,6 +240,7 @@ impl Body {
             Body::Heartbeat(_) => 3,
             Body::Accuse(_) => 4,
             Body::SumHash(_) => 5,
+            Body::Withheld(_) => 6,
         }
     }
 }
@@ -349,6 +372,15 @@ fn body_bytes(body: &Body, out: &mut Vec<u8>) {
             out.extend_from_slice(&h.aggregator.to_le_bytes());
             out.extend_from_slice(&h.manifest);
             out.extend_from_slice(&h.hash);
+        }
+        Body::Withheld(w) => {
+            out.extend_from_slice(&w.job);
+            out.extend_from_slice(&w.epoch.to_le_bytes());
+            out.extend_from_slice(&w.step.to_le_bytes());
+            out.extend_from_slice(&w.shard.to_le_bytes());
+            out.extend_from_slice(&w.aggregator.to_le_bytes());
+            out.extend_from_slice(&w.manifest);
+            out.extend_from_slice(&w.member.to_le_bytes());
         }
     }
 }
@@ -489,6 +521,15 @@ fn parse_body(r: &mut Reader) -> Result<Body, cohort_program::codec::CodecError>
             manifest: r.array()?,
             hash: r.array()?,
         }),
+        6 => Body::Withheld(Withheld {
+            job: r.array()?,
+            epoch: r.u32()?,
+            step: r.u32()?,
+            shard: r.u32()?,
+            aggregator: r.u32()?,
+            manifest: r.array()?,
+            member: r.u32()?,
+        }),
         _ => return Err(cohort_program::codec::CodecError),
     })
 }
@@ -584,6 +625,14 @@ pub enum Request {
         shard: u32,
         manifest: [u8; 32],
     },
+    /// `member`'s slice of `shard`, handed to a seat that said nobody
+    /// serves it (checked there against the member's root, as a push is).
+    Hand {
+        step: u32,
+        shard: u32,
+        member: u32,
+        slice: Slice,
+    },
 }
 
 /// A member's signs in one shard and the Merkle path from their leaf
@@ -665,8 +714,9 @@ pub const PART: usize = 256 * 1024;
 pub const MAX_SLICE_SIGNS: usize = PART / 4;
 /// Deepest Merkle path a slice carries (2^32 shards).
 pub const MAX_PATH: usize = 32;
-/// Largest request on the wire: a pushed slice of the most signs.
-pub const MAX_REQUEST: usize = 1 + 8 + 4 + MAX_SLICE_SIGNS / 8 + 1 + 32 * MAX_PATH;
+/// Largest request on the wire: a handed slice of the most signs (kind,
+/// step, shard, member, count, signs, path).
+pub const MAX_REQUEST: usize = 1 + 12 + 4 + MAX_SLICE_SIGNS / 8 + 1 + 32 * MAX_PATH;
 /// Largest response: a part plus its headers, or a manifest.
 pub const MAX_RESPONSE: usize = PART + 64;
 /// Largest payload a node downloads. A 1.21 B-parameter model's payload at
@@ -750,6 +800,18 @@ impl Request {
                 out.extend_from_slice(&shard.to_le_bytes());
                 out.extend_from_slice(manifest);
             }
+            Request::Hand {
+                step,
+                shard,
+                member,
+                slice,
+            } => {
+                out.push(8);
+                out.extend_from_slice(&step.to_le_bytes());
+                out.extend_from_slice(&shard.to_le_bytes());
+                out.extend_from_slice(&member.to_le_bytes());
+                slice.encode(&mut out);
+            }
         }
         out
     }
@@ -788,6 +850,12 @@ impl Request {
                 step: r.u32().ok()?,
                 shard: r.u32().ok()?,
                 manifest: r.array().ok()?,
+            },
+            8 => Request::Hand {
+                step: r.u32().ok()?,
+                shard: r.u32().ok()?,
+                member: r.u32().ok()?,
+                slice: Slice::decode(&mut r)?,
             },
             _ => return None,
         };
@@ -933,6 +1001,15 @@ mod tests {
                 manifest: [4; 32],
                 hash: [5; 32],
             }),
+            Body::Withheld(Withheld {
+                job: [7; 32],
+                epoch: 1,
+                step: 9,
+                shard: 3,
+                aggregator: 2,
+                manifest: [4; 32],
+                member: 6,
+            }),
         ] {
             let raw = sign(&body, &k);
             let got = open(&raw).unwrap();
@@ -1073,6 +1150,15 @@ mod tests {
                 step: 1,
                 shard: 7,
                 manifest: [6; 32],
+            },
+            Request::Hand {
+                step: 4,
+                shard: 2,
+                member: 5,
+                slice: Slice {
+                    signs: vec![true; MAX_SLICE_SIGNS],
+                    path: vec![[9; 32]; MAX_PATH],
+                },
             },
         ] {
             let bytes = r.encode();

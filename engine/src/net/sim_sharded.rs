@@ -31,6 +31,9 @@ pub struct ShardedConfig {
     /// Bits per position of a published sum.
     pub sum_bits: u32,
     pub timing: exchange::Timing,
+    /// Members that announce but never push nor serve a slice (an attack
+    /// on the step's liveness).
+    pub withholding: Vec<u32>,
 }
 
 /// Bytes a signed message carries besides its body (header, signature).
@@ -118,6 +121,18 @@ enum What {
         shard: u32,
         manifest: ManifestId,
     },
+    /// A member's slice, asked to check a seat's claim that it is withheld.
+    Probe {
+        step: u32,
+        shard: u32,
+        member: u32,
+    },
+    /// A member's slice handed to a seat that claimed it withheld.
+    Hand {
+        step: u32,
+        shard: u32,
+        member: u32,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -167,6 +182,15 @@ enum Ev {
         manifest: ManifestId,
         shards: Vec<u32>,
     },
+    /// Seat `from` claims `member`'s slice of `shard` withheld.
+    Claim {
+        node: u32,
+        from: u32,
+        step: u32,
+        shard: u32,
+        member: u32,
+        manifest: ManifestId,
+    },
     Tick {
         node: u32,
     },
@@ -190,6 +214,7 @@ impl Ev {
             | Ev::Announce { node, .. }
             | Ev::Manifest { node, .. }
             | Ev::SumHashes { node, .. }
+            | Ev::Claim { node, .. }
             | Ev::Tick { node }
             | Ev::ApplyDone { node, .. } => *node,
         }
@@ -326,8 +351,12 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
             x.opened += 1;
         }
     };
+    let withholds = |x: u32| cfg.withholding.contains(&x);
+    let honest: Vec<u32> = (0..n).filter(|&i| !withholds(i)).collect();
     let bytes = |w: &What, listed: usize| match w {
-        What::Push { .. } | What::Slice { .. } => cfg.slice_bytes(),
+        What::Push { .. } | What::Slice { .. } | What::Probe { .. } | What::Hand { .. } => {
+            cfg.slice_bytes()
+        }
         What::Sum { .. } => cfg.sum_bytes(),
         What::Slices { .. } => cfg.slice_bytes() * listed as f64,
     };
@@ -363,8 +392,21 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
     let mut listed: Vec<usize> = vec![n as usize; base.steps as usize];
     let mut now = 0.0f64;
     let mut finished = 0usize;
+    // A run that stalls ends here, with the steps every node applied.
+    let horizon = base.steps as f64 * (10.0 * base.compute_secs + 600.0);
     while let Some((t, ev)) = queue.pop() {
         now = t as f64 / 1e9;
+        if now > horizon {
+            break;
+        }
+        // When a gossip message sent now reaches `to` (itself at once).
+        let gossip_at = move |nodes: &[Node], from: u32, to: u32| {
+            if to == from {
+                now
+            } else {
+                now + link(nodes, from, to)
+            }
+        };
         let d = Duration::from_nanos(t);
         let node = ev.node();
         tracing::trace!(t = now, ?ev, "sharded sim event");
@@ -388,8 +430,14 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
             Ev::Request { to, what, .. } => {
                 // A server that cannot serve says so at once.
                 let can = match what {
-                    What::Push { .. } => true,
+                    What::Push { .. } | What::Hand { .. } => true,
+                    What::Slice { .. } | What::Probe { .. } if withholds(node) => false,
                     What::Slice {
+                        step,
+                        shard,
+                        member,
+                    }
+                    | What::Probe {
                         step,
                         shard,
                         member,
@@ -464,6 +512,16 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
                         step,
                         shard,
                         member,
+                    }
+                    | What::Probe {
+                        step,
+                        shard,
+                        member,
+                    }
+                    | What::Hand {
+                        step,
+                        shard,
+                        member,
                     } => {
                         me.ex.on_slice(step, shard, member);
                     }
@@ -493,6 +551,12 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
                     } => ex.on_slice_failed(d, step, shard, member),
                     What::Sum { step, shard } => ex.on_fetch_failed(d, step, shard),
                     What::Slices { step, shard, .. } => ex.on_recompute_failed(d, step, shard),
+                    What::Probe {
+                        step,
+                        shard,
+                        member,
+                    } => ex.on_probe_failed(d, step, shard, member),
+                    What::Hand { .. } => {}
                 }
             }
             Ev::Announce { from, step, .. } => {
@@ -522,6 +586,18 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
                 for s in shards {
                     me.ex.on_sum_hash(d, step, s, from, manifest, TRUE_SUM);
                 }
+            }
+            Ev::Claim {
+                from,
+                step,
+                shard,
+                member,
+                manifest,
+                ..
+            } => {
+                let me = &mut nodes[node as usize];
+                open(me, node, step);
+                me.ex.on_withheld_claim(step, shard, from, manifest, member);
             }
             Ev::Tick { .. } => {}
             Ev::ApplyDone { step, rewinds, .. } => {
@@ -599,7 +675,7 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
                                     what,
                                 },
                             );
-                        } else if matches!(what, What::Push { .. }) {
+                        } else if matches!(what, What::Push { .. } | What::Hand { .. }) {
                             q.at(
                                 now,
                                 Ev::Request {
@@ -621,8 +697,76 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
                         }
                     };
                 match a {
+                    // A withholding member's slices go nowhere, yet it
+                    // announces as if they had.
+                    XAction::Push { step, shard, .. } if withholds(node) => {
+                        nodes[node as usize].ex.on_pushed(step, shard);
+                    }
                     XAction::Push { step, shard, to } => {
                         request(&mut queue, &mut rng, &nodes, to, What::Push { step, shard })
+                    }
+                    XAction::ClaimWithheld {
+                        step,
+                        shard,
+                        member,
+                        manifest,
+                    } => {
+                        for j in 0..n {
+                            queue.at(
+                                gossip_at(&nodes, node, j),
+                                Ev::Claim {
+                                    node: j,
+                                    from: node,
+                                    step,
+                                    shard,
+                                    member,
+                                    manifest,
+                                },
+                            );
+                        }
+                    }
+                    XAction::Probe {
+                        step,
+                        shard,
+                        member,
+                        from,
+                    } => request(
+                        &mut queue,
+                        &mut rng,
+                        &nodes,
+                        from,
+                        What::Probe {
+                            step,
+                            shard,
+                            member,
+                        },
+                    ),
+                    XAction::Forward { .. } if withholds(node) => {}
+                    XAction::Forward {
+                        step,
+                        shard,
+                        member,
+                        to,
+                    } => request(
+                        &mut queue,
+                        &mut rng,
+                        &nodes,
+                        to,
+                        What::Hand {
+                            step,
+                            shard,
+                            member,
+                        },
+                    ),
+                    XAction::Withheld { step, member } => {
+                        touch_steps = true;
+                        // A step already handed over goes back through the
+                        // exchange, told of the new manifest.
+                        let _ = nodes[node as usize].steps.on_withheld(step, member);
+                    }
+                    XAction::Served { step, member } => {
+                        touch_steps = true;
+                        let _ = nodes[node as usize].steps.on_served(d, step, member);
                     }
                     XAction::Announce { step } => {
                         touch_steps = true;
@@ -736,13 +880,8 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
         }
         for ((step, manifest), shards) in by_step {
             for j in 0..n {
-                let at = if j == node {
-                    now
-                } else {
-                    now + link(&nodes, node, j)
-                };
                 queue.at(
-                    at,
+                    gossip_at(&nodes, node, j),
                     Ev::SumHashes {
                         node: j,
                         from: node,
@@ -780,7 +919,7 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
                 queue.at(now + c, Ev::ComputeDone { node, step });
             } else if me.applied >= base.steps && me.done_at.is_none() {
                 me.done_at = Some(now);
-                finished += 1;
+                finished += usize::from(!withholds(node));
             }
         }
         let next = [me.steps_deadline, me.ex.next_deadline()]
@@ -793,10 +932,14 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
         {
             queue.at_nanos(at, Ev::Tick { node });
         }
-        if finished == n as usize {
+        if finished == honest.len() {
             break;
         }
     }
+    // What the run did for its honest members (a withholder may never
+    // apply what it stalls).
+    let nodes: Vec<&Node> = honest.iter().map(|&i| &nodes[i as usize]).collect();
+    let k = nodes.len().max(1) as f64;
     let total = nodes
         .iter()
         .map(|x| x.done_at.unwrap_or(now))
@@ -805,7 +948,7 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
     let per = |f: fn(&Node) -> f64| {
         let v: Vec<f64> = nodes.iter().map(|x| f(x) / steps).collect();
         (
-            v.iter().sum::<f64>() / n as f64,
+            v.iter().sum::<f64>() / k,
             v.iter().copied().fold(0.0, f64::max),
         )
     };
@@ -819,25 +962,25 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
                 .iter()
                 .map(|x| x.compute_total / total.max(1e-9))
                 .sum::<f64>()
-                / n as f64,
+                / k,
             contributors: contributors.0 as f64 / contributors.1.max(1) as f64,
             applied_contributions: nodes
                 .iter()
                 .map(|x| x.contributions.values().sum::<u64>() as f64)
                 .sum::<f64>()
-                / n as f64,
+                / k,
         },
         up_mean,
         up_max,
         down_mean,
         down_max,
-        recomputes: nodes.iter().map(|x| x.recomputes as f64).sum::<f64>() / n as f64 / steps,
+        recomputes: nodes.iter().map(|x| x.recomputes as f64).sum::<f64>() / k / steps,
         convictions,
         phases: phases(&nodes),
     }
 }
 
-fn phases(nodes: &[Node]) -> Phases {
+fn phases(nodes: &[&Node]) -> Phases {
     let mean = |which: usize| {
         let (sum, count) = nodes
             .iter()
@@ -875,7 +1018,9 @@ fn step_of(w: &What) -> u32 {
         What::Push { step, .. }
         | What::Slice { step, .. }
         | What::Sum { step, .. }
-        | What::Slices { step, .. } => step,
+        | What::Slices { step, .. }
+        | What::Probe { step, .. }
+        | What::Hand { step, .. } => step,
     }
 }
 
@@ -909,6 +1054,7 @@ mod tests {
             positions: 18_000_000,
             sum_bits: 2,
             timing: exchange::Timing::default(),
+            withholding: Vec::new(),
         }
     }
 
@@ -950,6 +1096,21 @@ mod tests {
         let free = simulate_sharded(&c, true);
         let net = simulate_sharded(&c, false);
         assert!(net.run.secs >= free.run.secs);
+    }
+
+    #[test]
+    fn a_member_that_announces_but_serves_no_slice_is_left_out_and_every_step_applies() {
+        let mut c = cfg(16);
+        c.withholding = vec![5];
+        let r = simulate_sharded(&c, false);
+        assert_eq!(r.run.steps, 6, "{r:?}");
+        // Every step applied without it: 15 contributions a step.
+        assert!(r.run.applied_contributions <= 6.0 * 15.0 + 1e-9, "{r:?}");
+        assert!(r.run.applied_contributions >= 6.0 * 14.0, "{r:?}");
+        assert_eq!(r.convictions, 0);
+        // Each step waits for the look, not for ever (the honest run
+        // takes about 57 s).
+        assert!(r.run.secs < 6.0 * 20.0, "{r:?}");
     }
 
     #[test]

@@ -171,6 +171,19 @@ struct StepState {
     unservable: BTreeSet<(u32, u8)>,
 }
 
+impl StepState {
+    /// The best-ranked manifest seen for the step that is not disqualified
+    /// as unservable.
+    fn best_servable(&self) -> Option<Manifest> {
+        self.by_leader
+            .iter()
+            .filter(|(k, _)| !self.unservable.contains(k))
+            .filter_map(|(_, ms)| ms.first())
+            .min_by_key(|m| m.rank())
+            .cloned()
+    }
+}
+
 #[derive(Debug)]
 struct Pending {
     step: u32,
@@ -193,6 +206,10 @@ pub struct StepMachine {
     held: BTreeMap<[u8; 32], Duration>,
     pending: BTreeMap<[u8; 32], Pending>,
     failed: BTreeSet<[u8; 32]>,
+    /// Contributions the sharded exchange found nobody serves
+    /// ([`Self::on_withheld`]): not fetched, not listed by this node, and
+    /// a manifest listing one is disqualified, until it turns up.
+    withheld: BTreeSet<[u8; 32]>,
     /// None while a joiner has not caught up yet.
     next_apply: Option<u32>,
     /// This node's state hash at step s (before applying step s).
@@ -257,6 +274,7 @@ impl StepMachine {
             held: BTreeMap::new(),
             pending: BTreeMap::new(),
             failed: BTreeSet::new(),
+            withheld: BTreeSet::new(),
             next_apply: start,
             state_hashes: BTreeMap::new(),
             ready: BTreeMap::new(),
@@ -366,7 +384,10 @@ impl StepMachine {
     }
 
     fn want(&mut self, hash: [u8; 32], step: u32, member: u32) {
-        if self.held.contains_key(&hash) || self.pending.contains_key(&hash) {
+        if self.held.contains_key(&hash)
+            || self.pending.contains_key(&hash)
+            || self.withheld.contains(&hash)
+        {
             return;
         }
         self.pending.insert(
@@ -463,6 +484,7 @@ impl StepMachine {
     pub fn on_payload(&mut self, now: Duration, hash: [u8; 32]) -> Option<u32> {
         self.pending.remove(&hash);
         self.failed.remove(&hash);
+        self.withheld.remove(&hash);
         self.held.entry(hash).or_insert(now);
         let held = &self.held;
         let mut restored = Vec::new();
@@ -679,17 +701,76 @@ impl StepMachine {
         );
         st.manifest = None;
         st.missing.clear();
-        let unservable = st.unservable.clone();
-        let best = st
-            .by_leader
-            .iter()
-            .filter(|(k, _)| !unservable.contains(k))
-            .filter_map(|(_, ms)| ms.first())
-            .min_by_key(|m| m.rank())
-            .cloned();
-        if let Some(m) = best {
+        if let Some(m) = st.best_servable() {
             self.install(m);
         }
+    }
+
+    /// The sharded exchange found that nobody serves `member`'s
+    /// contribution to `step` (its seats and this node asked every holder
+    /// in vain): what an unservable payload is on the all-to-all exchange.
+    /// Every manifest listing it is disqualified, and this node's own
+    /// leaves it out, so the best other manifest or a fall-back leader's
+    /// takes the step. Like "unservable", this is this node's judgement: a
+    /// contribution that turns up later ([`Self::on_payload`]) restores
+    /// what it disqualified. Returns the step to rewind to if the
+    /// disqualified manifest had been handed over to apply.
+    pub fn on_withheld(&mut self, step: u32, member: u32) -> Option<u32> {
+        let st = self.steps.get(&step)?;
+        let hashes: BTreeSet<[u8; 32]> = st
+            .by_leader
+            .values()
+            .flatten()
+            .flat_map(|m| m.entries.iter())
+            .filter(|e| e.0 == member)
+            .map(|e| e.1)
+            .chain(st.announced.get(&member).copied())
+            .collect();
+        if hashes.is_empty() {
+            return None;
+        }
+        for h in &hashes {
+            self.held.remove(h);
+            self.pending.remove(h);
+            self.failed.remove(h);
+            self.withheld.insert(*h);
+        }
+        let lists = |m: &Manifest| m.entries.iter().any(|e| hashes.contains(&e.1));
+        let st = self.steps.get_mut(&step)?;
+        let bad: Vec<(u32, u8)> = st
+            .by_leader
+            .iter()
+            .filter(|(_, ms)| ms.first().is_some_and(lists))
+            .map(|(k, _)| *k)
+            .collect();
+        st.unservable.extend(bad);
+        if !st.manifest.as_ref().is_some_and(lists) {
+            return None;
+        }
+        tracing::debug!(
+            me = self.me,
+            step,
+            member,
+            "manifest given up: a contribution is withheld"
+        );
+        st.manifest = None;
+        st.missing.clear();
+        st.chain = None;
+        if let Some(m) = st.best_servable() {
+            self.install(m);
+        }
+        if self.next_apply.is_some_and(|next| step < next) {
+            self.rewind(step);
+            return Some(step);
+        }
+        None
+    }
+
+    /// `member`'s contribution to `step`, once given up as withheld, turned
+    /// up after all: see [`Self::on_payload`].
+    pub fn on_served(&mut self, now: Duration, step: u32, member: u32) -> Option<u32> {
+        let hash = self.steps.get(&step)?.announced.get(&member).copied()?;
+        self.on_payload(now, hash)
     }
 
     /// A member declared it will contribute from `from` on (a rejoiner).
@@ -792,11 +873,21 @@ impl StepMachine {
             }
         }
         self.note_omissions(now, &m);
+        let withheld = m.entries.iter().any(|e| self.withheld.contains(&e.1));
         let st = self.step_mut(m.step);
         st.by_leader
             .entry((m.leader, m.attempt))
             .or_default()
             .push(m.clone());
+        if withheld {
+            // Kept (a contribution that turns up restores it), not taken.
+            st.unservable.insert((m.leader, m.attempt));
+            return if equivocation {
+                Verdict::Equivocation
+            } else {
+                Verdict::Superseded
+            };
+        }
         let better = st.manifest.as_ref().is_none_or(|cur| m.rank() < cur.rank());
         if !better {
             return match (equivocation, applied) {
@@ -1048,12 +1139,25 @@ impl StepMachine {
                 if now < self.publish_at(attempt, opened) {
                     continue;
                 }
-                let before_gone = (0..attempt).all(|a| self.gone(now, self.leader(step, a)));
+                // Earlier leaders are waited for while they may still
+                // publish: not once gone, nor once this node gave up what
+                // one published (it is live, not silent: the wait would
+                // only add `silent` to a step already late).
+                let st = &self.steps[&step];
+                let before_gone = (0..attempt).all(|a| {
+                    let l = self.leader(step, a);
+                    self.gone(now, l) || st.unservable.contains(&(l, a))
+                });
                 if !before_gone && now < self.publish_at(attempt, opened) + self.silent_limit() {
                     continue;
                 }
             }
             let st = &self.steps[&step];
+            // One manifest per attempt: a second, even after this node
+            // gave its first up, is equivocation.
+            if st.by_leader.contains_key(&(self.me, attempt)) {
+                continue;
+            }
             let due = if attempt == 0 {
                 now >= self.publish_at(0, opened) || self.all_expected_held(step, st)
             } else {
@@ -1880,6 +1984,95 @@ mod tests {
         assert_eq!(m.on_manifest(MS, fallback.clone()), Verdict::Accepted);
         assert_eq!(m.on_manifest(MS, stuck), Verdict::Stale);
         assert_eq!(m.manifest(0), Some(&fallback));
+    }
+
+    /// Step 0 applied everywhere from its leader's manifest listing all
+    /// four members; returns it, and a member that leads neither attempt 0
+    /// nor attempt 1.
+    fn applied_everywhere(ms: &mut [StepMachine]) -> (Manifest, u32) {
+        let acts = run_step(ms, 0, &[0, 1, 2, 3], Duration::ZERO);
+        let first = applied(&acts)[0].0.clone();
+        assert_eq!(first.entries.len(), 4);
+        let (l0, l1) = (ms[0].leader(0, 0), ms[0].leader(0, 1));
+        let x = (0..4).find(|&i| i != l0 && i != l1).unwrap();
+        (first, x)
+    }
+
+    #[test]
+    fn a_manifest_listing_a_withheld_contribution_gives_way_to_a_fall_back_without_it() {
+        let mut ms = machines(4);
+        let t = Timing::default();
+        let (first, x) = applied_everywhere(&mut ms);
+        let (l0, l1) = (first.leader as usize, ms[0].leader(0, 1) as usize);
+        // The sharded exchange finds x's slices served by nobody: every
+        // other node goes back before step 0 and drops the manifest.
+        for i in (0..4).filter(|&i| i != x as usize) {
+            assert_eq!(ms[i].on_withheld(0, x), Some(0));
+            assert_eq!(ms[i].manifest(0), None);
+            assert_eq!(ms[i].on_withheld(0, x), None, "once is enough");
+        }
+        // Not `silent` past its slot: the leader is live, but its manifest
+        // is given up, so there is nothing to wait for.
+        let late = t.collect + t.fallback + MS;
+        // The leader does not sign a second manifest for its attempt (that
+        // would be equivocation); the fall-back leader signs one without x.
+        assert!(
+            !ms[l0]
+                .poll(late)
+                .iter()
+                .any(|a| matches!(a, Action::Publish(_)))
+        );
+        ms[l1].on_alive(late, l0 as u32);
+        let fallback = ms[l1]
+            .poll(late)
+            .into_iter()
+            .find_map(|a| match a {
+                Action::Publish(m) => Some(m),
+                _ => None,
+            })
+            .expect("the fall-back published");
+        assert_eq!(fallback.attempt, 1);
+        assert!(fallback.entries.iter().all(|e| e.0 != x));
+        assert_eq!(fallback.entries.len(), 3);
+        for i in (0..4).filter(|&i| i != x as usize && i != l1) {
+            assert_eq!(ms[i].on_manifest(late, fallback.clone()), Verdict::Accepted);
+            assert_eq!(applied(&ms[i].poll(late)), vec![(fallback.clone(), true)]);
+            // The first manifest, or another listing x, is not taken again.
+            assert_eq!(ms[i].on_manifest(late, first.clone()), Verdict::Stale);
+            assert_eq!(ms[i].manifest(0), Some(&fallback));
+        }
+        let l2 = ms[0].leader(0, 2);
+        let with_x = Manifest {
+            attempt: 2,
+            leader: l2,
+            ..first.clone()
+        };
+        assert_eq!(ms[l0].on_manifest(late, with_x), Verdict::Superseded);
+        assert_eq!(ms[l0].manifest(0), Some(&fallback));
+    }
+
+    #[test]
+    fn a_withheld_contribution_that_turns_up_restores_the_manifest_it_disqualified() {
+        let mut ms = machines(4);
+        let t = Timing::default();
+        let (first, x) = applied_everywhere(&mut ms);
+        let me = (0..4).find(|&i| i != x && i != ms[0].leader(0, 1)).unwrap() as usize;
+        assert_eq!(ms[me].on_withheld(0, x), Some(0));
+        let late = t.collect + t.fallback + t.silent + MS;
+        let fallback = Manifest {
+            attempt: 1,
+            leader: ms[0].leader(0, 1),
+            entries: first.entries.iter().filter(|e| e.0 != x).copied().collect(),
+            ..first.clone()
+        };
+        assert_eq!(
+            ms[me].on_manifest(late, fallback.clone()),
+            Verdict::Accepted
+        );
+        assert_eq!(applied(&ms[me].poll(late)), vec![(fallback, true)]);
+        // A seat got x's slice after all (another node handed it over).
+        assert_eq!(ms[me].on_served(late, 0, x), Some(0));
+        assert_eq!(applied(&ms[me].poll(late)), vec![(first, true)]);
     }
 
     #[test]

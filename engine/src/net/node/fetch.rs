@@ -79,7 +79,7 @@ impl Net {
             Request::Payload { .. } => self.payload_len.min(msg::PART as u64),
             Request::Snapshot { .. } | Request::Momentum { .. } => msg::PART as u64,
             Request::Manifest { .. } => msg::MAX_GOSSIP as u64,
-            Request::Cosign(_) | Request::Push { .. } => 0,
+            Request::Cosign(_) | Request::Push { .. } | Request::Hand { .. } => 0,
             Request::Slice { .. } => (msg::MAX_SLICE_SIGNS / 8) as u64,
             Request::Sum { .. } => msg::PART as u64,
         };
@@ -183,12 +183,13 @@ impl Net {
                 .map(|(_, raw)| raw)
                 .or_else(|| self.manifests_raw.get(&step))
                 .map_or(Response::NotFound, |b| Response::Manifest(b.clone())),
-            Request::Push { .. } | Request::Slice { .. } | Request::Sum { .. } => {
-                match self.member_of(from) {
-                    Some(m) => self.serve_sharded(m, req),
-                    None => Response::NotFound,
-                }
-            }
+            Request::Push { .. }
+            | Request::Slice { .. }
+            | Request::Sum { .. }
+            | Request::Hand { .. } => match self.member_of(from) {
+                Some(m) => self.serve_sharded(m, req),
+                None => Response::NotFound,
+            },
             Request::Snapshot { step, offset } => self.snapshots.part(step, offset),
             Request::Momentum { step, offset } => self.momenta.part(step, offset),
             Request::Cosign(message) => {
@@ -356,9 +357,13 @@ impl Net {
                 self.on_cosign(round, member, Some(sig))
             }
             (Pending::Cosign { round, member }, _) => self.on_cosign(round, member, None),
-            (p @ (Pending::Push { .. } | Pending::Slice { .. } | Pending::Sum { .. }), resp) => {
-                self.on_sharded_response(p, resp)
-            }
+            (
+                p @ (Pending::Push { .. }
+                | Pending::Slice { .. }
+                | Pending::Sum { .. }
+                | Pending::Hand),
+                resp,
+            ) => self.on_sharded_response(p, resp),
         }
     }
 

@@ -69,6 +69,7 @@ impl Net {
             Body::Announce(a) => Some(a.step),
             Body::Manifest(m) => Some(m.step),
             Body::SumHash(h) => Some(h.step),
+            Body::Withheld(w) => Some(w.step),
             _ => None,
         };
         if step.is_some_and(|s| !self.machine.in_window(s)) {
@@ -177,6 +178,7 @@ impl Net {
                 return self.on_accuse(&a);
             }
             Body::SumHash(h) => return self.on_sum_hash_gossip(h, &signed.raw),
+            Body::Withheld(w) => return self.on_withheld_gossip(w),
         }
         MessageAcceptance::Accept
     }

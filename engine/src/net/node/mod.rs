@@ -35,6 +35,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 use witness::Failed;
 
+use sharded::Why;
+
 enum Pending {
     /// A part of a payload, asked of member `from`.
     Payload {
@@ -60,13 +62,16 @@ enum Pending {
         shard: u32,
         to: u32,
     },
-    /// `member`'s slice of `shard`, to aggregate or to recompute with.
+    /// `member`'s slice of `shard`, to aggregate, to recompute with, or to
+    /// check a seat's claim that it is withheld.
     Slice {
         step: u32,
         shard: u32,
         member: u32,
-        recompute: bool,
+        why: Why,
     },
+    /// `member`'s slice handed to a seat that claimed it withheld.
+    Hand,
     /// The sum of `shard`, asked of aggregator `from`.
     Sum {
         step: u32,
@@ -80,7 +85,7 @@ impl Pending {
     fn is_sharded(&self) -> bool {
         matches!(
             self,
-            Pending::Push { .. } | Pending::Slice { .. } | Pending::Sum { .. }
+            Pending::Push { .. } | Pending::Slice { .. } | Pending::Sum { .. } | Pending::Hand
         )
     }
 }

@@ -12,13 +12,24 @@ use super::gossip::acceptance;
 use super::*;
 use crate::compress::Layout;
 use crate::net::exchange::{self, Action as XAction, Exchange, ManifestId, Plan};
-use crate::net::msg::{Announce, Slice, SumHash};
+use crate::net::msg::{Announce, Slice, SumHash, Withheld};
 use crate::shard::{self, Shard};
 
 /// This node's slices of one contribution, with their Merkle paths.
 struct Own {
     slices: Vec<Vec<bool>>,
     paths: Vec<Vec<[u8; 32]>>,
+}
+
+/// Why this node asked for a member's slice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Why {
+    /// To sum it, as a seat of the shard.
+    Seat,
+    /// To recompute the shard's sum.
+    Recompute,
+    /// To check a seat's claim that nobody serves it.
+    Probe,
 }
 
 /// A signed sum hash: (step, shard, aggregator, manifest, hash).
@@ -174,8 +185,22 @@ impl Sharded {
         self.held.get(&(step, shard, member)).cloned()
     }
 
-    /// Sums a recomputation once every slice is in.
-    fn finish_recompute(&mut self, step: u32, shard: u32) {
+    /// A request for `member`'s slice of `shard` failed.
+    fn slice_failed(&mut self, now: Duration, (step, shard, member): (u32, u32, u32), why: Why) {
+        match why {
+            Why::Recompute => {
+                if self.recomputing.remove(&(step, shard)).is_some() {
+                    self.ex.on_recompute_failed(now, step, shard);
+                }
+            }
+            Why::Seat => self.ex.on_slice_failed(now, step, shard, member),
+            Why::Probe => self.ex.on_probe_failed(now, step, shard, member),
+        }
+    }
+
+    /// Sums a recomputation once every slice is in (a sum that fails is a
+    /// failed recomputation: the exchange asks again).
+    fn finish_recompute(&mut self, now: Duration, step: u32, shard: u32) {
         let Some(r) = self.recomputing.get(&(step, shard)) else {
             return;
         };
@@ -192,6 +217,7 @@ impl Sharded {
             .map(|s| (s.as_slice(), 1))
             .collect();
         let Ok(sums) = shard::sum(&weighted, self.shards[shard as usize].positions) else {
+            self.ex.on_recompute_failed(now, step, shard);
             return;
         };
         let h = msg::sum_hash(&sums);
@@ -469,10 +495,48 @@ impl Net {
         touched
     }
 
+    /// Asks `from` for `member`'s slice of `shard` at `step`, for `why`.
+    fn ask_slice(
+        &mut self,
+        sh: &mut Sharded,
+        now: Duration,
+        (step, shard, member): (u32, u32, u32),
+        from: u32,
+        why: Why,
+    ) {
+        let req = Request::Slice {
+            step,
+            shard,
+            member,
+        };
+        let what = Pending::Slice {
+            step,
+            shard,
+            member,
+            why,
+        };
+        if !self.ask(from, req, what) {
+            sh.slice_failed(now, (step, shard, member), why);
+        }
+    }
+
+    /// Whether this node is the withholding attacker at `step`.
+    fn withholds(&self, step: u32) -> bool {
+        self.cfg.defence.adversary == Some(Mode::Withholding)
+            && step == crate::adversary::WITHHELD_STEP
+    }
+
     fn on_exchange(&mut self, a: XAction) -> bool {
         let me = self.cfg.me;
         let now = self.now();
         self.with_sharded(|net, sh| match a {
+            // The withholder's slices go nowhere, yet it announces as if
+            // every shard held them.
+            XAction::Push { step, shard, .. } if net.withholds(step) => {
+                sh.ex.on_pushed(step, shard);
+                false
+            }
+            XAction::Forward { step, member, .. } if member == me && net.withholds(step) => false,
             XAction::Push { step, shard, to } => {
                 let Some(slice) = sh.slice(me, step, shard, me) else {
                     return false;
@@ -498,20 +562,7 @@ impl Net {
                 member,
                 from,
             } => {
-                let req = Request::Slice {
-                    step,
-                    shard,
-                    member,
-                };
-                let what = Pending::Slice {
-                    step,
-                    shard,
-                    member,
-                    recompute: false,
-                };
-                if !net.ask(from, req, what) {
-                    sh.ex.on_slice_failed(now, step, shard, member);
-                }
+                net.ask_slice(sh, now, (step, shard, member), from, Why::Seat);
                 false
             }
             XAction::PublishSum {
@@ -647,7 +698,7 @@ impl Net {
                         step,
                         shard,
                         member: m,
-                        recompute: true,
+                        why: Why::Recompute,
                     };
                     if !net.ask(from, req, what) {
                         sh.recomputing.remove(&(step, shard));
@@ -655,7 +706,7 @@ impl Net {
                         return false;
                     }
                 }
-                sh.finish_recompute(step, shard);
+                sh.finish_recompute(now, step, shard);
                 false
             }
             XAction::Convict {
@@ -701,6 +752,83 @@ impl Net {
             }
             // Read from the exchange by `sharded_try_apply`.
             XAction::Apply { .. } => false,
+            XAction::ClaimWithheld {
+                step,
+                shard,
+                member,
+                manifest,
+            } => {
+                tracing::warn!(
+                    me,
+                    step,
+                    shard,
+                    member,
+                    "nobody serves a listed slice: claimed"
+                );
+                let claim = Withheld {
+                    job: net.cfg.job,
+                    epoch: net.cfg.epoch,
+                    step,
+                    shard,
+                    aggregator: me,
+                    manifest,
+                    member,
+                };
+                net.publish(msg::sign(&Body::Withheld(claim), &net.key));
+                sh.ex.on_withheld_claim(step, shard, me, manifest, member);
+                false
+            }
+            XAction::Probe {
+                step,
+                shard,
+                member,
+                from,
+            } => {
+                net.ask_slice(sh, now, (step, shard, member), from, Why::Probe);
+                false
+            }
+            XAction::Forward {
+                step,
+                shard,
+                member,
+                to,
+            } => {
+                if let Some(slice) = sh.slice(me, step, shard, member) {
+                    let req = Request::Hand {
+                        step,
+                        shard,
+                        member,
+                        slice,
+                    };
+                    net.ask(to, req, Pending::Hand);
+                }
+                false
+            }
+            XAction::Withheld { step, member } => {
+                tracing::warn!(
+                    me,
+                    step,
+                    member,
+                    "nobody serves a listed member's slice: its manifest is given up"
+                );
+                // Its sums never come; a manifest without it replaces it.
+                sh.to_apply
+                    .retain(|&s, t| s != step || t.manifest.entries.iter().all(|e| e.0 != member));
+                if let Some(s) = net.machine.on_withheld(step, member)
+                    && net.applied > s
+                {
+                    net.rewind(s);
+                }
+                true
+            }
+            XAction::Served { step, member } => {
+                if let Some(s) = net.machine.on_served(now, step, member)
+                    && net.applied > s
+                {
+                    net.rewind(s);
+                }
+                true
+            }
             XAction::Rewind { step } => {
                 // Only if this node applied the step: when a better
                 // manifest replaced it, the step machine rewound already.
@@ -732,19 +860,21 @@ impl Net {
                     step,
                     shard,
                     member,
-                    recompute,
+                    why,
                 },
                 Response::Slice(slice),
             ) if sh.checks_out(step, shard, member, &slice) => {
+                let recompute = why == Why::Recompute;
                 if recompute {
                     if let Some(r) = sh.recomputing.get_mut(&(step, shard))
                         && r.members.contains(&member)
                     {
                         r.got.insert(member, slice.signs.clone());
                     }
-                    sh.finish_recompute(step, shard);
+                    sh.finish_recompute(now, step, shard);
                 }
-                // An aggregator keeps what it fetched (to sum and serve).
+                // An aggregator keeps what it fetched (to sum and serve), and
+                // so does a node that checked a claim (to hand it over).
                 if sh
                     .seats
                     .get(&step)
@@ -760,18 +890,10 @@ impl Net {
                     step,
                     shard,
                     member,
-                    recompute,
+                    why,
                 },
                 _,
-            ) => {
-                if recompute {
-                    if sh.recomputing.remove(&(step, shard)).is_some() {
-                        sh.ex.on_recompute_failed(now, step, shard);
-                    }
-                } else {
-                    sh.ex.on_slice_failed(now, step, shard, member);
-                }
-            }
+            ) => sh.slice_failed(now, (step, shard, member), why),
             (Pending::Sum { step, shard, from }, Response::Sum(v))
                 if sh
                     .shards
@@ -827,6 +949,9 @@ impl Net {
                 }
                 Response::Taken
             }
+            Request::Slice { step, member, .. } if member == me && net.withholds(step) => {
+                Response::NotFound
+            }
             Request::Slice {
                 step,
                 shard,
@@ -834,6 +959,22 @@ impl Net {
             } => sh
                 .slice(me, step, shard, member)
                 .map_or(Response::NotFound, Response::Slice),
+            Request::Hand {
+                step,
+                shard,
+                member,
+                slice,
+            } => {
+                if !net.open_step(sh, step) || !sh.checks_out(step, shard, member, &slice) {
+                    net.stats.drop(Drop::BadBlob);
+                    return Response::NotFound;
+                }
+                if sh.ex.on_slice(step, shard, member) == exchange::Verdict::NotASeat {
+                    return Response::NotFound;
+                }
+                sh.held.insert((step, shard, member), slice);
+                Response::Taken
+            }
             Request::Sum {
                 step,
                 shard,
@@ -882,6 +1023,37 @@ impl Net {
         r.unwrap_or_else(|| {
             // A job on the all-to-all exchange has no aggregators: every
             // honest node drops these alike.
+            self.stats.drop(Drop::Malformed);
+            acceptance(Drop::Malformed)
+        })
+    }
+
+    /// A seat's signed claim that a listed slice is withheld: checked by
+    /// this node's own look (see `exchange::probe`). Forwarded only when it
+    /// started one, so a seat cannot flood the job with claims.
+    pub(super) fn on_withheld_gossip(&mut self, w: Withheld) -> MessageAcceptance {
+        let r = self.with_sharded(|net, sh| {
+            if !net.open_step(sh, w.step) {
+                net.stats.drop(Drop::OutOfWindow);
+                return MessageAcceptance::Ignore;
+            }
+            match sh
+                .ex
+                .on_withheld_claim(w.step, w.shard, w.aggregator, w.manifest, w.member)
+            {
+                exchange::Verdict::NotASeat => {
+                    net.stats.drop(Drop::NotMember);
+                    MessageAcceptance::Reject
+                }
+                exchange::Verdict::Accepted => {
+                    net.stats.accepted += 1;
+                    MessageAcceptance::Accept
+                }
+                _ => MessageAcceptance::Ignore,
+            }
+        });
+        self.drive();
+        r.unwrap_or_else(|| {
             self.stats.drop(Drop::Malformed);
             acceptance(Drop::Malformed)
         })

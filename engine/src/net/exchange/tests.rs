@@ -1,0 +1,1003 @@
+//! The sharded exchange's state machine, driven by nodes wired to each
+//! other with instant delivery.
+
+use super::*;
+use crate::compress::Draw;
+use crate::shard;
+
+const TRUE: u8 = 1;
+const LIE: u8 = 0xEE;
+
+/// Nodes wired to each other with instant delivery; what they do wrong
+/// is set per test.
+struct World {
+    nodes: Vec<Exchange>,
+    now: Duration,
+    seats: Vec<Vec<u32>>,
+    /// Aggregators that sign and serve a wrong sum.
+    liars: BTreeSet<u32>,
+    /// Aggregators that never publish nor serve anything.
+    silent: BTreeSet<u32>,
+    /// Pushes (member, aggregator) that fail.
+    lost: BTreeSet<(u32, u32)>,
+    /// Nodes whose answers to slice and sum requests never arrive (nor
+    /// does word that they failed): the requests that did so.
+    hung: BTreeSet<u32>,
+    unanswered: Vec<(u32, Action)>,
+    /// Recomputations held back until `release` (slow ones).
+    slow_checks: bool,
+    held_checks: Vec<(u32, Action)>,
+    signed: BTreeMap<(u32, u32), Hash>,
+    announced: BTreeSet<u32>,
+    applied: BTreeMap<u32, Vec<u32>>,
+    /// When each node last applied.
+    applied_at: BTreeMap<u32, Duration>,
+    rewound: BTreeSet<u32>,
+    convicted: BTreeSet<(u32, u32)>,
+    pushes: BTreeMap<u32, usize>,
+    recomputed: BTreeSet<(u32, u32)>,
+    /// Members that announce but push no slice and serve none to seats,
+    /// nor to anyone unless `serves_probes`.
+    withholding: BTreeSet<u32>,
+    serves_probes: bool,
+    /// (seat, member) claims that a slice is withheld.
+    claims: BTreeSet<(u32, u32)>,
+    /// (node, member): given up as withheld; turned up after that.
+    withheld: BTreeSet<(u32, u32)>,
+    served: BTreeSet<(u32, u32)>,
+    /// Slices handed over: (from, to, member).
+    forwarded: BTreeSet<(u32, u32, u32)>,
+}
+
+/// The manifest every test step uses unless it says otherwise.
+const M: ManifestId = [0xA0; 32];
+
+fn truth(shard: u32) -> Hash {
+    truth_for(shard, M)
+}
+
+/// The true sum of `shard` over the members `manifest` lists.
+fn truth_for(shard: u32, manifest: ManifestId) -> Hash {
+    let mut h = [TRUE.wrapping_add(shard as u8); 32];
+    h[0] = manifest[0];
+    h
+}
+
+impl World {
+    fn new(
+        n: u32,
+        shards: usize,
+        r: usize,
+        spots: impl Fn(u32) -> BTreeSet<u32>,
+        backups: impl Fn(u32) -> BTreeSet<u32>,
+    ) -> Self {
+        Self::with_reserve(n, shards, r, spots, backups, true)
+    }
+
+    fn with_reserve(
+        n: u32,
+        shards: usize,
+        r: usize,
+        spots: impl Fn(u32) -> BTreeSet<u32>,
+        backups: impl Fn(u32) -> BTreeSet<u32>,
+        reserve: bool,
+    ) -> Self {
+        let members: Vec<u32> = (0..n).collect();
+        let seats = shard::aggregators(&members, shards, r, Draw(7)).unwrap();
+        let reserve = if reserve {
+            shard::reserve(&members, &seats, r, Draw(8))
+        } else {
+            vec![Vec::new(); shards]
+        };
+        let nodes = (0..n)
+            .map(|i| {
+                let mut x = Exchange::new(i, Timing::default());
+                x.open(0, seats.clone(), reserve.clone(), &spots(i), &backups(i));
+                x
+            })
+            .collect();
+        Self {
+            nodes,
+            now: Duration::ZERO,
+            seats,
+            liars: BTreeSet::new(),
+            silent: BTreeSet::new(),
+            lost: BTreeSet::new(),
+            hung: BTreeSet::new(),
+            unanswered: Vec::new(),
+            slow_checks: false,
+            held_checks: Vec::new(),
+            signed: BTreeMap::new(),
+            announced: BTreeSet::new(),
+            applied: BTreeMap::new(),
+            applied_at: BTreeMap::new(),
+            rewound: BTreeSet::new(),
+            convicted: BTreeSet::new(),
+            pushes: BTreeMap::new(),
+            recomputed: BTreeSet::new(),
+            withholding: BTreeSet::new(),
+            serves_probes: false,
+            claims: BTreeSet::new(),
+            withheld: BTreeSet::new(),
+            served: BTreeSet::new(),
+            forwarded: BTreeSet::new(),
+        }
+    }
+
+    /// Delivers every action until nothing is left to do now.
+    fn settle(&mut self) {
+        loop {
+            let mut any = false;
+            for i in 0..self.nodes.len() as u32 {
+                for a in self.nodes[i as usize].poll(self.now) {
+                    any = true;
+                    self.handle(i, a);
+                }
+            }
+            if !any {
+                return;
+            }
+        }
+    }
+
+    /// Runs until no node has anything left, ever.
+    fn run(&mut self) {
+        for _ in 0..1000 {
+            self.settle();
+            match self.nodes.iter().filter_map(|x| x.next_deadline()).min() {
+                Some(t) => self.now = self.now.max(t),
+                None => return,
+            }
+        }
+        panic!("the exchange did not come to rest");
+    }
+
+    /// Runs until `end`, for exchanges that keep asking after something.
+    fn run_until(&mut self, end: Duration) {
+        loop {
+            self.settle();
+            match self.nodes.iter().filter_map(|x| x.next_deadline()).min() {
+                Some(t) if t <= end => self.now = self.now.max(t),
+                _ => return,
+            }
+        }
+    }
+
+    /// Whether `from` gives `member`'s slice of `shard` to whoever asks (a
+    /// seat's fetch, or a probe).
+    fn serves(&self, from: u32, step: u32, shard: u32, member: u32, probe: bool) -> bool {
+        if self.silent.contains(&from)
+            || (self.withholding.contains(&from) && !(probe && self.serves_probes))
+        {
+            return false;
+        }
+        from == member || self.nodes[from as usize].holds(step, shard, member)
+    }
+
+    fn handle(&mut self, i: u32, a: Action) {
+        let now = self.now;
+        if let Action::FetchSlice { from, .. } | Action::FetchSum { from, .. } = a
+            && self.hung.contains(&from)
+        {
+            self.unanswered.push((i, a));
+            return;
+        }
+        if self.slow_checks && matches!(a, Action::Recompute { .. }) {
+            self.held_checks.push((i, a));
+            return;
+        }
+        match a {
+            Action::Push { step, shard, .. } if self.withholding.contains(&i) => {
+                self.nodes[i as usize].on_pushed(step, shard);
+            }
+            Action::Push { step, shard, to } => {
+                *self.pushes.entry(i).or_default() += 1;
+                if self.lost.contains(&(i, to)) {
+                    self.nodes[i as usize].on_push_failed(now, step, shard, to);
+                } else {
+                    self.nodes[to as usize].on_slice(step, shard, i);
+                    self.nodes[i as usize].on_pushed(step, shard);
+                }
+            }
+            Action::Announce { .. } => {
+                self.announced.insert(i);
+            }
+            Action::FetchSlice {
+                step,
+                shard,
+                member,
+                from,
+            } => {
+                if self.serves(from, step, shard, member, false) {
+                    self.nodes[i as usize].on_slice(step, shard, member);
+                } else {
+                    self.nodes[i as usize].on_slice_failed(now, step, shard, member);
+                }
+            }
+            Action::PublishSum {
+                step,
+                shard,
+                manifest,
+            } => {
+                if self.silent.contains(&i) {
+                    return;
+                }
+                let h = if self.liars.contains(&i) {
+                    [LIE; 32]
+                } else {
+                    truth_for(shard, manifest)
+                };
+                self.signed.insert((shard, i), h);
+                for x in &mut self.nodes {
+                    x.on_sum_hash(now, step, shard, i, manifest, h);
+                }
+            }
+            Action::FetchSum { step, shard, from } => match self.signed.get(&(shard, from)) {
+                Some(&h) => {
+                    self.nodes[i as usize].on_sum(now, step, shard, from, h);
+                }
+                None => self.nodes[i as usize].on_fetch_failed(now, step, shard),
+            },
+            Action::Recompute {
+                step,
+                shard,
+                from,
+                manifest,
+            } => {
+                self.recomputed.insert((i, shard));
+                if self.silent.contains(&from) && from != i {
+                    self.nodes[i as usize].on_recompute_failed(now, step, shard);
+                } else {
+                    let h = truth_for(shard, manifest);
+                    self.nodes[i as usize].on_recomputed(step, shard, manifest, h);
+                }
+            }
+            Action::Convict {
+                step,
+                shard,
+                aggregator,
+                manifest,
+                ..
+            } => {
+                self.convicted.insert((i, aggregator));
+                // The proof reaches everyone.
+                for x in &mut self.nodes {
+                    x.on_evidence(step, shard, manifest);
+                }
+            }
+            Action::Apply { step } => {
+                self.applied.entry(i).or_default().push(step);
+                self.applied_at.insert(i, now);
+            }
+            Action::ClaimWithheld {
+                step,
+                shard,
+                member,
+                manifest,
+            } => {
+                self.claims.insert((i, member));
+                for x in &mut self.nodes {
+                    x.on_withheld_claim(step, shard, i, manifest, member);
+                }
+            }
+            Action::Probe {
+                step,
+                shard,
+                member,
+                from,
+            } => {
+                if self.serves(from, step, shard, member, true) {
+                    self.nodes[i as usize].on_slice(step, shard, member);
+                } else {
+                    self.nodes[i as usize].on_probe_failed(now, step, shard, member);
+                }
+            }
+            Action::Forward { .. } if self.withholding.contains(&i) => {}
+            Action::Forward {
+                step,
+                shard,
+                member,
+                to,
+            } => {
+                self.forwarded.insert((i, to, member));
+                self.nodes[to as usize].on_slice(step, shard, member);
+            }
+            Action::Withheld { member, .. } => {
+                self.withheld.insert((i, member));
+            }
+            Action::Served { member, .. } => {
+                self.served.insert((i, member));
+            }
+            Action::Rewind { step } => {
+                self.rewound.insert(i);
+                assert_eq!(self.applied.get_mut(&i).and_then(|v| v.pop()), Some(step));
+            }
+        }
+    }
+
+    /// Every node computes; once all have announced, the manifest lists
+    /// them all.
+    fn step(&mut self) {
+        for x in &mut self.nodes {
+            x.on_computed(0);
+        }
+        self.settle();
+        let members: Vec<u32> = self.announced.iter().copied().collect();
+        for x in &mut self.nodes {
+            x.on_manifest(self.now, 0, M, &members);
+        }
+        self.run();
+    }
+
+    /// Every seat of `shard` signs and serves the same wrong sum.
+    fn collude(&mut self, shard: usize) {
+        self.liars.extend(self.seats[shard].iter().copied());
+    }
+
+    /// Answers the recomputations held back, and runs on.
+    fn release(&mut self) {
+        self.slow_checks = false;
+        for (i, a) in std::mem::take(&mut self.held_checks) {
+            self.handle(i, a);
+        }
+        self.run();
+    }
+
+    fn everyone_applied_once(&self) -> bool {
+        (0..self.nodes.len() as u32).all(|i| self.applied.get(&i) == Some(&vec![0]))
+    }
+}
+
+/// The seats `World::new(8, 8, 2, …)` draws.
+fn seats8() -> Seats {
+    let members: Vec<u32> = (0..8).collect();
+    shard::aggregators(&members, 8, 2, Draw(7)).unwrap()
+}
+
+fn none(_: u32) -> BTreeSet<u32> {
+    BTreeSet::new()
+}
+
+/// Shard 0 for node `who`, nothing for the others (a spot check or a
+/// backup drawn by one node only).
+fn only(who: u32) -> impl Fn(u32) -> BTreeSet<u32> {
+    move |i| {
+        if i == who {
+            BTreeSet::from([0])
+        } else {
+            BTreeSet::new()
+        }
+    }
+}
+
+#[test]
+fn every_node_applies_once_every_seat_of_every_shard_signed_the_same_sum() {
+    let mut w = World::new(12, 12, 2, none, none);
+    w.step();
+    assert_eq!(w.announced.len(), 12);
+    assert!(w.everyone_applied_once(), "{:?}", w.applied);
+    assert!(w.convicted.is_empty() && w.rewound.is_empty());
+    // Each member pushes each shard to its aggregators other than itself.
+    for (i, n) in &w.pushes {
+        let seats: usize = w.seats.iter().flatten().filter(|&&a| a != *i).count();
+        assert_eq!(*n, seats);
+    }
+}
+
+#[test]
+fn a_member_announces_only_once_every_shard_reached_an_aggregator() {
+    let mut w = World::new(6, 6, 2, none, none);
+    // Member 0 loses every push to the seats of shard 1 but its own.
+    for &a in &w.seats[1].clone() {
+        w.lost.insert((0, a));
+    }
+    for x in &mut w.nodes {
+        x.on_computed(0);
+    }
+    w.settle();
+    let shard1_has_0 = w.seats[1].contains(&0);
+    assert_eq!(w.announced.contains(&0), shard1_has_0);
+    assert_eq!(w.announced.len(), if shard1_has_0 { 6 } else { 5 });
+    // Once one push gets through, on a retry, it announces.
+    let a = w.seats[1][0];
+    w.lost.remove(&(0, a));
+    w.now += Timing::default().retry;
+    w.settle();
+    assert!(w.announced.contains(&0));
+}
+
+#[test]
+fn an_aggregator_fetches_a_listed_slice_that_was_never_pushed_to_it() {
+    let mut w = World::new(8, 8, 3, none, none);
+    // Every push from member 5 to aggregator `a` is lost; the shards'
+    // other seats get theirs, so 5 announces and is listed.
+    let a = (0..8).find(|&a| a != 5).unwrap();
+    w.lost.insert((5, a));
+    w.step();
+    assert!(w.announced.contains(&5));
+    assert!(w.seats.iter().any(|s| s.contains(&a) && !s.contains(&5)));
+    assert!(w.everyone_applied_once());
+    assert!(w.convicted.is_empty());
+}
+
+#[test]
+fn a_lying_aggregator_is_convicted_and_every_node_applies_the_true_sums() {
+    let mut w = World::new(10, 10, 2, none, none);
+    w.liars.insert(3);
+    w.step();
+    assert!(w.everyone_applied_once(), "{:?}", w.applied);
+    let convicts: BTreeSet<u32> = w.convicted.iter().map(|c| c.1).collect();
+    assert_eq!(convicts, BTreeSet::from([3]));
+    // Nobody applied the lie: nothing had to be rewound.
+    assert!(w.rewound.is_empty());
+}
+
+#[test]
+fn a_silent_aggregator_delays_its_shards_but_does_not_stall_the_step() {
+    let mut w = World::new(8, 8, 2, none, none);
+    w.silent.insert(2);
+    w.step();
+    assert!(w.everyone_applied_once());
+    // Silence is not proof: nobody is convicted, and nobody paid for a
+    // recomputation it was not drawn for.
+    assert!(w.convicted.is_empty() && w.rewound.is_empty());
+    assert!(w.recomputed.is_empty());
+    assert!(w.now >= Timing::default().agree);
+}
+
+#[test]
+fn a_hedge_waits_for_most_answers_to_come_as_they_have_been_coming() {
+    let floor = Duration::from_secs(4);
+    let mut t = AnswerTime::default();
+    // Nothing measured yet, or quick answers: the floor.
+    assert_eq!(t.hedge(floor), floor);
+    for _ in 0..20 {
+        t.observe(Duration::from_millis(300));
+    }
+    assert_eq!(t.hedge(floor), floor);
+    // Seats whose uplinks are full answer in 5 to 7 s: a hedge at 4 s
+    // would double their load; it waits past nearly all of them.
+    for i in 0..40 {
+        t.observe(Duration::from_secs(5 + i % 3));
+    }
+    assert!(
+        t.hedge(floor) > Duration::from_secs(7),
+        "{:?}",
+        t.hedge(floor)
+    );
+    assert!(
+        t.hedge(floor) < Duration::from_secs(20),
+        "{:?}",
+        t.hedge(floor)
+    );
+}
+
+#[test]
+fn an_unanswered_sum_request_holds_its_asker_for_the_hedge_delay_only() {
+    let seats = seats8();
+    // Seat `hung` signs its sums but its answers are lost on the way,
+    // and no failure is ever reported.
+    let hung = seats[0][0];
+    let run = |hedge: Duration| {
+        let mut w = World::new(8, 8, 2, none, none);
+        for x in &mut w.nodes {
+            x.timing.hedge = hedge;
+        }
+        w.hung.insert(hung);
+        w.step();
+        assert!(w.everyone_applied_once(), "{:?}", w.applied);
+        assert!(w.convicted.is_empty() && w.recomputed.is_empty());
+        let asked_hung = w
+            .unanswered
+            .iter()
+            .any(|(_, a)| matches!(a, Action::FetchSum { .. }));
+        assert!(asked_hung, "somebody asked the hung seat first");
+        w.applied_at.values().copied().max().unwrap()
+    };
+    // The other seat is asked `hedge` after the first request (made
+    // at once: the sums are signed as the manifest arrives).
+    let hedge = Timing::default().hedge;
+    assert_eq!(run(hedge), hedge);
+    // Without the hedge the asker would wait as long as its request
+    // does: here, for ever; on the wire, its deadline.
+    let hour = Duration::from_secs(3600);
+    assert_eq!(run(hour), hour);
+}
+
+#[test]
+fn a_seat_whose_slice_request_goes_unanswered_asks_the_other_seat_after_the_hedge_delay() {
+    let seats = seats8();
+    let [a, b] = [seats[0][0], seats[0][1]];
+    // A member that is no seat of shard 0: its push to `b` fails, and
+    // it never answers `b`'s request for the slice; `a` holds it.
+    let m = (0..8).find(|i| !seats[0].contains(i)).unwrap();
+    let mut w = World::new(8, 8, 2, none, none);
+    w.lost.insert((m, b));
+    w.hung.insert(m);
+    w.step();
+    assert!(w.everyone_applied_once(), "{:?}", w.applied);
+    assert!(w.unanswered.iter().any(
+        |(i, x)| *i == b && matches!(x, Action::FetchSlice { member, .. } if *member == m)
+    ));
+    // `b` got the slice from `a` and signed: its shard was not left to
+    // `a` alone.
+    assert_eq!(w.signed.get(&(0, b)), Some(&truth(0)));
+    assert_eq!(w.signed.get(&(0, a)), Some(&truth(0)));
+}
+
+#[test]
+fn a_liar_whose_partner_is_silent_is_caught_by_a_backup_check() {
+    let seats = seats8();
+    let (liar, mute) = (seats[0][0], seats[0][1]);
+    let checker = (0..8).find(|i| !seats[0].contains(i)).unwrap();
+    let backup = only(checker);
+    let mut w = World::new(8, 8, 2, none, backup);
+    w.liars.insert(liar);
+    w.silent.insert(mute);
+    w.step();
+    assert!(w.everyone_applied_once(), "{:?}", w.applied);
+    assert!(w.convicted.contains(&(checker, liar)));
+    assert!(!w.convicted.iter().any(|c| c.1 == mute));
+    for x in &w.nodes {
+        assert_eq!(x.accepted(0, 0), Some(truth(0)));
+    }
+}
+
+#[test]
+fn without_a_backup_a_liar_whose_partner_is_silent_goes_unnoticed() {
+    // Why backups exist: the attack above succeeds without one.
+    let seats = seats8();
+    let mut w = World::new(8, 8, 2, none, none);
+    w.liars.insert(seats[0][0]);
+    w.silent.insert(seats[0][1]);
+    w.step();
+    assert!(w.everyone_applied_once());
+    assert!(w.convicted.is_empty());
+    assert!(w.nodes.iter().all(|x| x.accepted(0, 0) == Some([LIE; 32])));
+}
+
+#[test]
+fn all_seats_of_a_shard_lying_together_are_caught_by_a_spot_check_and_everyone_ends_on_the_truth() {
+    // Shard 0's two aggregators lie together; only node `spotter`
+    // recomputes shard 0 on its own.
+    let seats = seats8();
+    let spotter = (0..8).find(|i| !seats[0].contains(i)).unwrap();
+    let spot = only(spotter);
+    let mut w = World::new(8, 8, 2, spot, none);
+    w.collude(0);
+    w.step();
+    assert!(w.everyone_applied_once(), "{:?}", w.applied);
+    let convicts: BTreeSet<u32> = w.convicted.iter().map(|c| c.1).collect();
+    assert_eq!(convicts, seats[0].iter().copied().collect());
+    assert!(w.convicted.iter().any(|c| c.0 == spotter));
+    // Every node ends on the true sum, whether it had applied the lie
+    // (and rewound) or heard the evidence first.
+    for x in &w.nodes {
+        assert_eq!(x.accepted(0, 0), Some(truth(0)));
+    }
+}
+
+#[test]
+fn a_spot_check_runs_beside_acceptance_and_a_lie_it_finds_later_is_rewound() {
+    let seats = seats8();
+    let spotter = (0..8).find(|i| !seats[0].contains(i)).unwrap();
+    let mut w = World::new(8, 8, 2, only(spotter), none);
+    w.collude(0);
+    // The check is slow: the spotter applies the seats' agreed sum
+    // without waiting for it, like everyone else.
+    w.slow_checks = true;
+    w.step();
+    assert!(w.everyone_applied_once(), "{:?}", w.applied);
+    assert_eq!(w.held_checks.len(), 1);
+    assert_eq!(w.nodes[spotter as usize].accepted(0, 0), Some([LIE; 32]));
+    // It comes back: the liars are convicted, and every node goes back
+    // and applies the truth.
+    w.release();
+    let convicts: BTreeSet<u32> = w.convicted.iter().map(|c| c.1).collect();
+    assert_eq!(convicts, seats[0].iter().copied().collect());
+    assert!(w.rewound.contains(&spotter));
+    assert!(w.everyone_applied_once(), "{:?}", w.applied);
+    for x in &w.nodes {
+        assert_eq!(x.accepted(0, 0), Some(truth(0)));
+    }
+}
+
+#[test]
+fn a_shard_proven_false_elsewhere_is_accepted_only_from_a_recomputation() {
+    // Evidence (unlike a spot check) blocks the shard: a node told
+    // that a seat lied does not take the seats' word meanwhile.
+    let mut w = World::new(8, 8, 2, none, none);
+    w.collude(0);
+    w.slow_checks = true;
+    for x in &mut w.nodes {
+        x.on_computed(0);
+    }
+    w.settle();
+    let listed: Vec<u32> = w.announced.iter().copied().collect();
+    for x in &mut w.nodes {
+        x.on_manifest(w.now, 0, M, &listed);
+        assert_eq!(x.on_evidence(0, 0, M), Verdict::Accepted);
+    }
+    w.run();
+    assert!(w.applied.is_empty(), "{:?}", w.applied);
+    w.release();
+    assert!(w.everyone_applied_once(), "{:?}", w.applied);
+    assert!(w.rewound.is_empty());
+    for x in &w.nodes {
+        assert_eq!(x.accepted(0, 0), Some(truth(0)));
+    }
+}
+
+#[test]
+fn without_spot_checks_colluding_seats_go_unnoticed() {
+    // The reason spot checks exist: the attack above succeeds without them.
+    let mut w = World::new(8, 8, 2, none, none);
+    w.collude(0);
+    w.step();
+    assert!(w.everyone_applied_once());
+    assert!(w.convicted.is_empty());
+    assert!(w.nodes.iter().all(|x| x.accepted(0, 0) == Some([LIE; 32])));
+}
+
+#[test]
+fn a_shard_whose_seats_are_all_silent_is_recomputed_by_its_backups_not_by_every_node() {
+    // Every recomputation fetches the shard's slices from its seats: had
+    // every node recomputed a shard none of whose seats signed, two
+    // silent seats would bring the whole job down on themselves (at
+    // 1,000 members, a payload's worth from each of 1,000 nodes).
+    let seats = seats8();
+    let backup = (0..8).find(|i| !seats[0].contains(i)).unwrap();
+    let backups = only(backup);
+    let mut w = World::new(8, 8, 2, none, backups);
+    for &a in &seats[0] {
+        w.silent.insert(a);
+    }
+    for x in &mut w.nodes {
+        x.on_computed(0);
+    }
+    w.settle();
+    let members: Vec<u32> = w.announced.iter().copied().collect();
+    assert_eq!(members.len(), 8);
+    for x in &mut w.nodes {
+        x.on_manifest(w.now, 0, M, &members);
+    }
+    let t = Timing::default();
+    let until = t.silent + t.agree * 2;
+    while w.now < until {
+        w.settle();
+        w.now += t.retry;
+    }
+    let on_shard0: BTreeSet<u32> = w
+        .recomputed
+        .iter()
+        .filter(|r| r.1 == 0)
+        .map(|r| r.0)
+        .collect();
+    assert_eq!(on_shard0, BTreeSet::from([backup]));
+    // Nobody takes a sum nobody signed.
+    assert!(w.nodes.iter().all(|x| x.accepted(0, 0).is_none()));
+}
+
+#[test]
+fn a_seat_that_summed_an_outranked_manifest_is_not_convicted_and_every_node_ends_on_the_better_one()
+{
+    // A step can have two manifests for a while: a fall-back leader's,
+    // then the late leader's, which outranks it. A seat that summed the
+    // first signed a hash the second's slices do not give. Before sums
+    // named their manifest, every other node took that for a lie and
+    // convicted an honest seat (as
+    // `a_lying_aggregator_is_convicted_and_every_node_applies_the_true_sums`
+    // convicts any seat whose hash differs).
+    let mut w = World::new(8, 8, 2, none, none);
+    let x = w.seats[0][0];
+    for n in &mut w.nodes {
+        n.on_computed(0);
+    }
+    w.settle();
+    let all: Vec<u32> = w.announced.iter().copied().collect();
+    assert_eq!(all.len(), 8);
+    let (first, better) = ([0xA1; 32], [0xA2; 32]);
+    let fewer: Vec<u32> = all.iter().copied().filter(|&m| m != 7).collect();
+    // The fall-back's manifest reaches seat x first and alone...
+    w.nodes[x as usize].on_manifest(w.now, 0, first, &all);
+    w.settle();
+    // ...the outranking one everyone else, and x only much later.
+    for i in (0..8).filter(|&i| i != x) {
+        w.nodes[i as usize].on_manifest(w.now, 0, better, &fewer);
+    }
+    w.now += Timing::default().agree;
+    w.settle();
+    w.nodes[x as usize].on_manifest(w.now, 0, better, &fewer);
+    w.run();
+    assert!(w.convicted.is_empty(), "{:?}", w.convicted);
+    assert!(w.everyone_applied_once(), "{:?}", w.applied);
+    for n in &w.nodes {
+        for s in 0..8 {
+            assert_eq!(n.accepted(0, s), Some(truth_for(s, better)));
+        }
+    }
+    assert_eq!(
+        w.nodes[0].on_manifest(w.now, 0, better, &fewer),
+        Verdict::Duplicate
+    );
+}
+
+#[test]
+fn a_step_applied_under_a_manifest_that_is_then_outranked_is_rewound_and_applied_again() {
+    let mut w = World::new(8, 8, 2, none, none);
+    w.step();
+    assert!(w.everyone_applied_once());
+    let better = [0xA2; 32];
+    let fewer: Vec<u32> = (0..7).collect();
+    for x in &mut w.nodes {
+        x.on_manifest(w.now, 0, better, &fewer);
+    }
+    w.run();
+    assert_eq!(w.rewound.len(), 8);
+    assert!(w.everyone_applied_once(), "{:?}", w.applied);
+    assert!(w.convicted.is_empty(), "{:?}", w.convicted);
+    for n in &w.nodes {
+        for s in 0..8 {
+            assert_eq!(n.accepted(0, s), Some(truth_for(s, better)));
+        }
+    }
+}
+
+#[test]
+fn a_sum_hash_for_another_manifest_is_kept_apart_and_cannot_outvote_the_current_one() {
+    let mut w = World::new(4, 4, 2, none, none);
+    let seat = w.seats[0][0];
+    let x = &mut w.nodes[(seat + 1) as usize % 4];
+    x.on_manifest(Duration::ZERO, 0, M, &[0, 1, 2, 3]);
+    assert_eq!(
+        x.on_sum_hash(Duration::ZERO, 0, 0, seat, [0xBB; 32], [LIE; 32]),
+        Verdict::OtherManifest
+    );
+    assert_eq!(
+        x.on_sum_hash(Duration::ZERO, 0, 0, seat, M, truth(0)),
+        Verdict::Accepted
+    );
+    // A second hash for the same manifest is an equivocation: the
+    // first stands.
+    assert_eq!(
+        x.on_sum_hash(Duration::ZERO, 0, 0, seat, M, [LIE; 32]),
+        Verdict::Duplicate
+    );
+    // Recomputations and evidence about another manifest change nothing.
+    assert_eq!(
+        x.on_recomputed(0, 0, [0xBB; 32], [LIE; 32]),
+        Verdict::OtherManifest
+    );
+    assert_eq!(x.on_evidence(0, 0, [0xBB; 32]), Verdict::OtherManifest);
+}
+
+/// Shard 0's two seats die after the step's payloads are computed
+/// (they contribute nothing); the others compute, are listed, and run
+/// until nothing is left to do.
+fn dead_seats(reserve: bool) -> (World, Vec<u32>) {
+    let mut w = World::with_reserve(8, 8, 2, none, none, reserve);
+    let dead = w.seats[0].clone();
+    for &a in &dead {
+        w.silent.insert(a);
+    }
+    let alive: Vec<u32> = (0..8).filter(|i| !dead.contains(i)).collect();
+    for &i in &alive {
+        w.nodes[i as usize].on_computed(0);
+    }
+    w.settle();
+    let listed: Vec<u32> = w.announced.iter().copied().collect();
+    assert_eq!(listed, alive);
+    for &i in &alive {
+        w.nodes[i as usize].on_manifest(w.now, 0, M, &listed);
+    }
+    w.run();
+    (w, alive)
+}
+
+#[test]
+fn without_reserve_seats_a_shard_whose_seats_are_all_dead_stalls_the_step() {
+    // Why reserve seats exist: nobody can sum shard 0, so nobody applies.
+    let (w, alive) = dead_seats(false);
+    assert!(
+        alive.iter().all(|i| !w.applied.contains_key(i)),
+        "{:?}",
+        w.applied
+    );
+}
+
+#[test]
+fn a_shard_whose_seats_are_all_dead_goes_to_its_reserve_seats_and_the_step_applies() {
+    let (w, alive) = dead_seats(true);
+    for i in &alive {
+        assert_eq!(w.applied.get(i), Some(&vec![0]), "{:?}", w.applied);
+        assert_eq!(w.nodes[*i as usize].accepted(0, 0), Some(truth(0)));
+    }
+    // Only after `reseat`, and nobody convicted: silence is not proof.
+    assert!(w.now >= Timing::default().reseat);
+    assert!(w.convicted.is_empty());
+    // The reserve seats summed it.
+    let reserve = shard::reserve(&(0..8).collect::<Vec<u32>>(), &w.seats, 2, Draw(8));
+    for a in &reserve[0] {
+        assert_eq!(w.signed.get(&(0, *a)), Some(&truth(0)));
+    }
+}
+
+#[test]
+fn a_reserve_seat_cannot_take_a_shard_over_before_its_seats_are_overdue() {
+    let mut w = World::new(8, 8, 2, none, none);
+    let members: Vec<u32> = (0..8).collect();
+    let reserve = shard::reserve(&members, &w.seats, 2, Draw(8));
+    let r0 = reserve[0][0];
+    for x in &mut w.nodes {
+        x.on_computed(0);
+    }
+    w.settle();
+    for x in &mut w.nodes {
+        x.on_manifest(w.now, 0, M, &members);
+    }
+    // At once, a reserve seat of shard 0 signs a sum for it: kept, not
+    // acted on.
+    for x in &mut w.nodes {
+        assert_eq!(
+            x.on_sum_hash(w.now, 0, 0, r0, M, [LIE; 32]),
+            Verdict::Accepted
+        );
+    }
+    w.run();
+    assert!(w.everyone_applied_once(), "{:?}", w.applied);
+    // The seats' true sum stands; the reserve seat's hash never
+    // counted (it would have disagreed with its partner's).
+    for x in &w.nodes {
+        assert_eq!(x.accepted(0, 0), Some(truth(0)));
+    }
+    assert!(w.convicted.is_empty() && w.rewound.is_empty());
+}
+
+#[test]
+fn a_reserve_seat_cannot_move_a_shard_already_decided() {
+    // (A review's case: a shard accepted at once, then a reserve seat's
+    // hash near the reseat deadline moved it, counted it twice and let
+    // the reserve seat's sum replace the agreed one without a rewind.)
+    let mut w = World::new(8, 8, 2, none, none);
+    w.step();
+    assert!(w.everyone_applied_once());
+    let members: Vec<u32> = (0..8).collect();
+    let reserve = shard::reserve(&members, &w.seats, 2, Draw(8));
+    let late = Timing::default().reseat;
+    for x in &mut w.nodes {
+        x.on_sum_hash(late, 0, 0, reserve[0][0], M, [LIE; 32]);
+    }
+    w.now = w.now.max(late);
+    w.run();
+    assert!(w.everyone_applied_once(), "{:?}", w.applied);
+    assert!(w.rewound.is_empty() && w.convicted.is_empty());
+    for x in &w.nodes {
+        assert_eq!(x.accepted(0, 0), Some(truth(0)));
+    }
+}
+
+#[test]
+fn inputs_for_unknown_steps_or_seats_change_nothing() {
+    // (No reserve seats: with four members every outsider is one.)
+    let mut w = World::with_reserve(4, 4, 2, none, none, false);
+    let outsider = (0..4).find(|i| !w.seats[0].contains(i)).unwrap();
+    let x = &mut w.nodes[0];
+    assert_eq!(x.on_slice(9, 0, 1), Verdict::UnknownStep);
+    assert_eq!(
+        x.on_sum_hash(Duration::ZERO, 0, 0, outsider, M, [5; 32]),
+        Verdict::NotASeat
+    );
+    assert_eq!(
+        x.on_sum(Duration::ZERO, 0, 99, 0, [5; 32]),
+        Verdict::NotASeat
+    );
+    assert_eq!(x.on_computed(0), Verdict::Accepted);
+    assert_eq!(x.on_computed(0), Verdict::Duplicate);
+}
+
+/// Every node computes and announces (the withholders too, without
+/// pushing); the manifest lists them all.
+fn listed_all(w: &mut World) -> Vec<u32> {
+    for x in &mut w.nodes {
+        x.on_computed(0);
+    }
+    w.settle();
+    let members: Vec<u32> = w.announced.iter().copied().collect();
+    assert_eq!(members.len(), w.nodes.len(), "the withholders announce too");
+    for x in &mut w.nodes {
+        x.on_manifest(w.now, 0, M, &members);
+    }
+    members
+}
+
+#[test]
+fn a_listed_member_whose_slices_nobody_serves_is_given_up_everywhere_and_the_replacement_applies() {
+    let mut w = World::new(8, 8, 2, none, none);
+    w.withholding.insert(3);
+    let members = listed_all(&mut w);
+    w.run_until(Duration::from_secs(120));
+    assert!(
+        w.applied.is_empty(),
+        "a step applied without member 3's slices"
+    );
+    // Seats claimed it withheld, and every other node then failed to get
+    // a slice of its own and gave it up.
+    assert!(!w.claims.is_empty());
+    assert!(w.claims.iter().all(|c| c.1 == 3));
+    let gave_up: BTreeSet<u32> = w.withheld.iter().map(|x| x.0).collect();
+    assert_eq!(gave_up, (0..8).filter(|&i| i != 3).collect());
+    assert!(w.served.is_empty());
+    // The step machine's fall-back manifest leaves it out: every node
+    // applies that.
+    let without: Vec<u32> = members.into_iter().filter(|&m| m != 3).collect();
+    let m2 = [0xB0; 32];
+    for x in &mut w.nodes {
+        x.on_manifest(w.now, 0, m2, &without);
+    }
+    w.run_until(w.now + Duration::from_secs(60));
+    assert!(w.everyone_applied_once(), "{:?}", w.applied);
+    assert!(w.convicted.is_empty());
+}
+
+#[test]
+fn a_member_serving_everyone_but_the_seats_has_its_slice_handed_to_them() {
+    let mut w = World::new(8, 8, 2, none, none);
+    w.withholding.insert(3);
+    w.serves_probes = true;
+    listed_all(&mut w);
+    w.run_until(Duration::from_secs(120));
+    assert!(!w.claims.is_empty());
+    // Nodes got the slice the seats could not, and handed it over.
+    for &(seat, _) in &w.claims {
+        assert!(
+            w.forwarded.iter().any(|f| f.1 == seat && f.2 == 3),
+            "{:?} {:?}",
+            w.claims,
+            w.forwarded
+        );
+    }
+    assert!(w.withheld.is_empty(), "{:?}", w.withheld);
+    assert!(w.everyone_applied_once(), "{:?}", w.applied);
+}
+
+#[test]
+fn a_seat_s_claim_that_an_honest_member_withholds_its_slice_drops_nobody() {
+    let mut w = World::new(8, 8, 2, none, none);
+    for x in &mut w.nodes {
+        x.on_computed(0);
+    }
+    w.settle();
+    let members: Vec<u32> = w.announced.iter().copied().collect();
+    for x in &mut w.nodes {
+        x.on_manifest(w.now, 0, M, &members);
+    }
+    // A seat of shard 0 claims, of every member, that nobody serves it.
+    let liar = w.seats[0][0];
+    for m in 0..8 {
+        for x in &mut w.nodes {
+            x.on_withheld_claim(0, 0, liar, M, m);
+        }
+    }
+    // A claim from no seat of the shard, or about no listed member, is
+    // refused.
+    let outsider = (0..8)
+        .find(|i| !w.seats[0].contains(i) && !w.nodes[0].steps[&0].reserve[0].contains(i))
+        .unwrap();
+    assert_eq!(
+        w.nodes[0].on_withheld_claim(0, 0, outsider, M, 1),
+        Verdict::NotASeat
+    );
+    assert_eq!(
+        w.nodes[0].on_withheld_claim(0, 0, liar, M, 99),
+        Verdict::NotListed
+    );
+    assert_eq!(
+        w.nodes[0].on_withheld_claim(0, 0, liar, [0xC0; 32], 1),
+        Verdict::OtherManifest
+    );
+    w.run_until(Duration::from_secs(120));
+    assert!(w.withheld.is_empty(), "{:?}", w.withheld);
+    assert!(w.everyone_applied_once(), "{:?}", w.applied);
+    // Each node looked once per member and handed the liar what it got.
+    assert!(w.forwarded.iter().all(|f| f.1 == liar));
+}
