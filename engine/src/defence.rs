@@ -211,6 +211,22 @@ fn u64_of(b: &[u8; 32]) -> u64 {
     u64::from_le_bytes(x)
 }
 
+/// Evidence id of false sums an aggregator signed at `step`: the same
+/// whichever false claim a witness quotes (another shard's, or a second
+/// hash the seat signed for the same shard), so witnesses that caught
+/// different lies of one seat reach the quorum together. Each accusation
+/// still quotes a claim the seat signed, and counts at a node only once
+/// that node's own recomputation proves the quoted claim false.
+pub fn false_sum_evidence(job: &[u8; 32], epoch: u32, step: u32, aggregator: u32) -> [u8; 32] {
+    let mut h = blake3::Hasher::new();
+    h.update(b"cohort-false-sum-v2");
+    h.update(job);
+    h.update(&epoch.to_le_bytes());
+    h.update(&step.to_le_bytes());
+    h.update(&aggregator.to_le_bytes());
+    *h.finalize().as_bytes()
+}
+
 /// Evidence id of a leader's equivocation at (`step`, `attempt`): the same
 /// on every witness whichever two of its manifests it saw.
 pub fn equivocation_evidence(
@@ -496,6 +512,31 @@ mod tests {
         );
         p.witnesses.push(1);
         assert!(t.add(&p, &accuse(2)).unwrap().is_some());
+    }
+
+    #[test]
+    fn witnesses_quoting_different_false_sums_of_one_seat_reach_the_quorum_together() {
+        let p = policy(&[0, 1, 2, 3], 2, 0.0);
+        let ev = |step, seat| false_sum_evidence(&p.job, 0, step, seat);
+        let accuse = |witness, shard, hash| Accusation {
+            witness,
+            accused: 3,
+            step: 4,
+            evidence: ev(4, 3),
+            ground: Ground::FalseSum {
+                shard,
+                manifest: [1; 32],
+                hash,
+                sig: [0; 64],
+            },
+        };
+        let mut t = Tally::default();
+        // One caught its lie in shard 2, the other a second hash it signed
+        // for shard 5.
+        assert_eq!(t.add(&p, &accuse(0, 2, [7; 32])), Ok(None));
+        assert!(t.add(&p, &accuse(1, 5, [8; 32])).unwrap().is_some());
+        assert_ne!(ev(4, 3), ev(5, 3), "another step");
+        assert_ne!(ev(4, 3), ev(4, 2), "another seat");
     }
 
     #[test]

@@ -165,15 +165,10 @@ pub struct SumHash {
 }
 
 impl SumHash {
-    /// The evidence id of a false-sum accusation against this claim: a hash
-    /// of its signed body, so one per claim.
+    /// The evidence id of a false-sum accusation against this claim: one
+    /// per aggregator and step ([`crate::defence::false_sum_evidence`]).
     pub fn evidence(&self) -> [u8; 32] {
-        let mut body = Vec::with_capacity(160);
-        body_bytes(&Body::SumHash(self.clone()), &mut body);
-        let mut h = blake3::Hasher::new();
-        h.update(b"cohort-false-sum-v1");
-        h.update(&body);
-        *h.finalize().as_bytes()
+        crate::defence::false_sum_evidence(&self.job, self.epoch, self.step, self.aggregator)
     }
 }
 
@@ -1295,5 +1290,21 @@ mod tests {
             &sig
         ));
         assert_ne!(sum_hash(&[1]), sum_hash(&[1, 0]));
+        // Any false claim of the seat at the step is the same case: two
+        // witnesses that caught different ones count together.
+        let other = SumHash {
+            shard: 5,
+            hash: sum_hash(&[0]),
+            ..claim.clone()
+        };
+        assert_eq!(claim.evidence(), other.evidence());
+        assert_ne!(
+            claim.evidence(),
+            SumHash {
+                step: 10,
+                ..claim.clone()
+            }
+            .evidence()
+        );
     }
 }
