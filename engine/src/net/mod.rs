@@ -7,12 +7,14 @@
 //! in `train` and a witness's audits in `guard`, configured and reporting
 //! through [`events`]; [`peer`] is
 //! the command line that runs a member as its own OS process; [`ports`]
-//! picks loopback ports for local jobs and tests.
+//! picks loopback ports for local jobs and tests; [`liveness`] sets how
+//! often members beat and what the job's gossip costs a link.
 
 pub mod diverge;
 pub mod events;
 pub mod exchange;
 mod guard;
+pub mod liveness;
 pub mod msg;
 pub mod node;
 pub mod peer;

@@ -118,6 +118,27 @@ pub struct SimConfig {
     pub timing: Timing,
 }
 
+impl SimConfig {
+    /// A node's uplink and downlink (bytes/s) less what the job's gossip
+    /// takes of them all the time ([`super::liveness::gossip_bytes_per_sec`],
+    /// with `sum_hashes` gossiped a step): heartbeats, announcements,
+    /// manifests and sum hashes, relayed by every member. A link keeps a
+    /// twentieth of itself at least.
+    pub fn less_gossip(&self, up: f64, down: f64, sum_hashes: u64) -> (f64, f64) {
+        let g = self.gossip_rate(sum_hashes);
+        ((up - g).max(up / 20.0), (down - g).max(down / 20.0))
+    }
+
+    /// Bytes a second each node's gossip takes, each way.
+    pub fn gossip_rate(&self, sum_hashes: u64) -> f64 {
+        super::liveness::gossip_bytes_per_sec(
+            self.nodes,
+            self.compute_secs + self.apply_secs,
+            sum_hashes,
+        )
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct SimResult {
     pub secs: f64,
@@ -347,6 +368,11 @@ pub fn simulate(cfg: &SimConfig, free_network: bool) -> SimResult {
             alarm: Alarm::default(),
         })
         .collect();
+    if !free_network {
+        for x in &mut nodes {
+            (x.up, x.down) = cfg.less_gossip(x.up, x.down, 0);
+        }
+    }
     let mut manifests: Vec<Manifest> = Vec::new();
     let mut queue = Events::new();
     let mut contributors = (0u64, 0u64);

@@ -4,8 +4,10 @@
 //! sums, a recomputation's slices) and gossip are modelled as in
 //! [`super::sim`]: an uplink is shared by what it sends at once, a
 //! downlink serves first come, first served, a share of requests fails at
-//! the node's request deadline. The libp2p node runs the same machines
-//! (`node::sharded`); gossip and heartbeat bytes are not charged here.
+//! the node's request deadline, and the job's gossip (heartbeats,
+//! announcements, manifests, sum hashes) takes its share of every link
+//! ([`SimConfig::less_gossip`]). The libp2p node runs the same machines
+//! (`node::sharded`).
 
 use super::exchange::{self, Action as XAction, Exchange, Hash, ManifestId};
 use super::msg::{Announce, Manifest};
@@ -76,6 +78,9 @@ pub struct ShardedResult {
     pub up_max: f64,
     pub down_mean: f64,
     pub down_max: f64,
+    /// Of `up_mean` and `down_mean`: the job's gossip (heartbeats,
+    /// announcements, manifests, sum hashes), per node per applied step.
+    pub gossip: f64,
     /// Recomputations per node per step (spot checks and disputes).
     pub recomputes: f64,
     pub convictions: u64,
@@ -296,6 +301,7 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
                 rng.uniform(base.down_mbit) * 1e6 / 8.0,
                 rng.uniform(base.latency_ms) / 1e3,
             );
+            let (up, down) = base.less_gossip(up, down, (shards * cfg.redundancy) as u64);
             Node {
                 steps: StepMachine::new(
                     job,
@@ -936,6 +942,20 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
             break;
         }
     }
+    // The job's gossip took its share of every link all along: counted in
+    // the traffic as well.
+    let gossip = if free_network {
+        0.0
+    } else {
+        base.gossip_rate((shards * cfg.redundancy) as u64)
+    };
+    {
+        for x in &mut nodes {
+            let secs = x.done_at.unwrap_or(now);
+            x.up_bytes += gossip * secs;
+            x.down_bytes += gossip * secs;
+        }
+    }
     // What the run did for its honest members (a withholder may never
     // apply what it stalls).
     let nodes: Vec<&Node> = honest.iter().map(|&i| &nodes[i as usize]).collect();
@@ -953,6 +973,7 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
         )
     };
     let (up_mean, up_max) = per(|x| x.up_bytes);
+    let gossip = gossip * nodes.iter().map(|x| x.done_at.unwrap_or(now)).sum::<f64>() / k / steps;
     let (down_mean, down_max) = per(|x| x.down_bytes);
     ShardedResult {
         run: SimResult {
@@ -974,6 +995,7 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
         up_max,
         down_mean,
         down_max,
+        gossip,
         recomputes: nodes.iter().map(|x| x.recomputes as f64).sum::<f64>() / k / steps,
         convictions,
         phases: phases(&nodes),
@@ -1081,13 +1103,18 @@ mod tests {
         let large = simulate_sharded(&cfg(96), false);
         // r pushed payloads, one aggregate served and one spot check: the
         // same bound at 16 and 96 members (give or take the Merkle paths).
+        // (The data plane: the gossip, counted apart, grows with members.)
         for r in [&small, &large] {
             let c = cfg(16);
             let bound = 3.0 * c.base.payload_bytes as f64 + c.aggregate_bytes();
-            assert!(r.up_mean < bound * 1.2, "{r:?}");
-            assert!(r.down_mean < bound * 1.2, "{r:?}");
+            assert!(r.up_mean - r.gossip < bound * 1.2, "{r:?}");
+            assert!(r.down_mean - r.gossip < bound * 1.2, "{r:?}");
         }
-        assert!(large.up_mean < small.up_mean * 1.5, "{small:?} {large:?}");
+        assert!(
+            large.up_mean - large.gossip < (small.up_mean - small.gossip) * 1.5,
+            "{small:?} {large:?}"
+        );
+        assert!(large.gossip > small.gossip);
     }
 
     #[test]

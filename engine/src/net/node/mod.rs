@@ -18,6 +18,7 @@ use crate::defence::{self, Ground, Policy, Tally};
 use crate::net::diverge::{Conclusion, DivergenceVote};
 pub use crate::net::events::*;
 use crate::net::guard::Revealed;
+use crate::net::liveness;
 use crate::net::msg::{self, Accuse, Body, Drop, Heartbeat, Manifest, Request, Response, Signed};
 use crate::net::step::{Action, KEEP, StepMachine, Verdict};
 use crate::net::swarm::{self, Behaviour, BehaviourEvent};
@@ -571,8 +572,18 @@ impl Net {
         let n = cfg.members.len();
         let numel = cfg.train.model.num_params() as u64;
         Net {
+            // Silence means gone after as many missed beats at any size.
             machine: StepMachine::new(
-                cfg.job, cfg.epoch, cfg.seed, n as u32, cfg.me, cfg.timing, None,
+                cfg.job,
+                cfg.epoch,
+                cfg.seed,
+                n as u32,
+                cfg.me,
+                crate::net::step::Timing {
+                    alive: liveness::alive_window(n as u32, cfg.timing.alive),
+                    ..cfg.timing
+                },
+                None,
             )
             .with_end(cfg.steps),
             divergence: DivergenceVote::new(n as u32),
@@ -1025,18 +1036,20 @@ impl Net {
         // Nor while a live peer is still training or auditing: a slow
         // member must still find peers to fetch from.
         let now_d = self.now();
+        let alive = liveness::alive_window(n as u32, ALIVE_WINDOW);
         let slow_peer = (0..n as u32).any(|m| {
             m != self.cfg.me
                 && !self.peers_done.contains(&m)
                 && !self.machine.is_slashed(m)
-                && self.machine.heard_within(now_d, m, ALIVE_WINDOW)
+                && self.machine.heard_within(now_d, m, alive)
         });
         // A slashed peer's audits count for nothing, so its claim to be
         // auditing keeps nobody; a slashed node itself has nobody to stay for.
         // Nor one no longer heard: it crashed or left, and will not accuse.
-        let peer_auditing = self.peers_auditing.iter().any(|m| {
-            !self.machine.is_slashed(*m) && self.machine.heard_within(now_d, *m, ALIVE_WINDOW)
-        });
+        let peer_auditing = self
+            .peers_auditing
+            .iter()
+            .any(|m| !self.machine.is_slashed(*m) && self.machine.heard_within(now_d, *m, alive));
         if self.machine.is_slashed(self.cfg.me) {
             return true;
         }
@@ -1169,7 +1182,7 @@ pub async fn run_with_control(
     let mut net = Net::new(cfg, key, swarm, topic, to_trainer, reports, sharded);
     let mut life = Life::new(&net.cfg, n);
     let mut tick = tokio::time::interval(Duration::from_millis(10));
-    let mut beat = tokio::time::interval(Duration::from_millis(500));
+    let mut beat = tokio::time::interval(liveness::beat_interval(net.cfg.members.len() as u32));
     let mut beats = 0u64;
     let mut trainer_open = true;
     let failed = loop {

@@ -1,0 +1,107 @@
+//! How often a member says it is alive, how long its silence means it is
+//! gone, and what a job's gossip costs each member's links: one rule for
+//! the node, its step machine and both simulators.
+//!
+//! Why a rule: every heartbeat goes to every member by gossip, and each
+//! member receives and relays every message about once per mesh peer. At
+//! one heartbeat per member every 0.5 s, a job of 1,000 would put 2,000
+//! messages a second through every member, several times over (about 29
+//! Mbit/s each way on the wire, more than a home uplink). So the whole job
+//! sends at most [`JOB_BEATS_PER_SEC`]: each member every 0.5 s up to 50
+//! members, then less often, and silence means "gone" after the same
+//! number of missed beats at any size.
+
+use std::time::Duration;
+
+/// Heartbeats the whole job sends per second, every member's together.
+pub const JOB_BEATS_PER_SEC: f64 = 100.0;
+/// The most often one member beats.
+pub const FASTEST_BEAT: Duration = Duration::from_millis(500);
+/// Beats missed before a member counts as gone to the step machine.
+pub const BEATS_TO_GONE: u32 = 4;
+
+/// How often each of `members` sends its heartbeat: every 0.5 s up to 50
+/// members, then `members / JOB_BEATS_PER_SEC` seconds (10 s at 1,000).
+pub fn beat_interval(members: u32) -> Duration {
+    FASTEST_BEAT.max(Duration::from_secs_f64(members as f64 / JOB_BEATS_PER_SEC))
+}
+
+/// How long a member unheard of counts as alive: `floor` (the shipped
+/// `step::Timing::alive`, 2 s, is four beats at 0.5 s), or
+/// [`BEATS_TO_GONE`] beats when those are longer.
+pub fn alive_window(members: u32, floor: Duration) -> Duration {
+    floor.max(beat_interval(members) * BEATS_TO_GONE)
+}
+
+/// Copies of each gossip message a member receives, and sends, about: one
+/// per mesh peer (`swarm`: `mesh_n` 6), as gossipsub relays every message
+/// to its mesh and small messages are not spared duplicates.
+pub const MESH_COPIES: f64 = 6.0;
+/// Bytes gossipsub adds to each message on the wire (its own signature,
+/// sender, sequence number and topic, and framing), about.
+pub const GOSSIPSUB_OVERHEAD: f64 = 140.0;
+/// Our signed envelope (magic, version, kind, signer, signature).
+pub const ENVELOPE: f64 = 101.0;
+/// A heartbeat's body: job, epoch, member, seq, ready_from, applied,
+/// auditing, chain_step, chain.
+pub const HEARTBEAT_BODY: f64 = 32.0 + 4.0 + 4.0 + 8.0 + 4.0 + 4.0 + 4.0 + 4.0 + 32.0;
+/// An announcement's body.
+pub const ANNOUNCE_BODY: f64 = 32.0 + 4.0 + 4.0 + 4.0 + 32.0 + 32.0 + 4.0 + 8.0;
+/// A manifest's body with `members` entries.
+pub fn manifest_body(members: u32) -> f64 {
+    32.0 + 4.0 + 4.0 + 1.0 + 4.0 + 32.0 + 32.0 + 2.0 + 36.0 * members as f64
+}
+/// A sum hash's body (sharded exchange).
+pub const SUM_HASH_BODY: f64 = 32.0 + 4.0 + 4.0 + 4.0 + 4.0 + 32.0 + 32.0;
+
+/// What gossip costs each member, per direction, in bytes a second, for a
+/// job of `members` whose steps take about `step_secs` and gossip
+/// `sum_hashes` sum hashes each (0 on the all-to-all exchange): the
+/// heartbeats at [`beat_interval`], and per step every member's
+/// announcement, the manifests (1.5 a step: fall-backs and late leaders
+/// add some) and the sum hashes, each received and relayed about
+/// [`MESH_COPIES`] times. Calibrated against `cohort-bench traffic`
+/// (8 members): see `docs/p2p.md`.
+pub fn gossip_bytes_per_sec(members: u32, step_secs: f64, sum_hashes: u64) -> f64 {
+    let wire = |body: f64| body + ENVELOPE + GOSSIPSUB_OVERHEAD;
+    let copies = MESH_COPIES.min(members.saturating_sub(1) as f64);
+    let beats = members as f64 / beat_interval(members).as_secs_f64() * wire(HEARTBEAT_BODY);
+    let per_step = members as f64 * wire(ANNOUNCE_BODY)
+        + 1.5 * wire(manifest_body(members))
+        + sum_hashes as f64 * wire(SUM_HASH_BODY);
+    copies * (beats + per_step / step_secs.max(1e-3))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_job_s_heartbeats_stay_within_a_fixed_rate_whatever_its_size() {
+        assert_eq!(beat_interval(8), FASTEST_BEAT);
+        assert_eq!(beat_interval(50), FASTEST_BEAT);
+        assert_eq!(beat_interval(1000), Duration::from_secs(10));
+        for n in [2u32, 8, 48, 50, 51, 200, 1000, 5000] {
+            let job_rate = n as f64 / beat_interval(n).as_secs_f64();
+            assert!(job_rate <= JOB_BEATS_PER_SEC + 1e-9, "{n}: {job_rate}");
+        }
+        // Gone after the same number of missed beats at every size, and
+        // never sooner than the floor.
+        let floor = Duration::from_secs(2);
+        assert_eq!(alive_window(8, floor), floor);
+        assert_eq!(alive_window(1000, floor), Duration::from_secs(40));
+    }
+
+    #[test]
+    fn gossip_per_member_no_longer_grows_with_the_job_through_heartbeats() {
+        // At 1,000 members a beat every 0.5 s alone would be 2,000
+        // messages a second, six times over: about 3.6 MB/s.
+        let old = 1000.0 / 0.5 * (HEARTBEAT_BODY + ENVELOPE + GOSSIPSUB_OVERHEAD) * MESH_COPIES;
+        assert!(old > 3.0e6);
+        let now = gossip_bytes_per_sec(1000, 8.5, 2000);
+        assert!(now < old / 3.0, "{now} against {old}");
+        // Small jobs: tens of kB/s.
+        let small = gossip_bytes_per_sec(8, 1.0, 16);
+        assert!((10e3..100e3).contains(&small), "{small}");
+    }
+}
