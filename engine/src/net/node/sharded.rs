@@ -992,39 +992,17 @@ impl Net {
     /// An aggregator's signed sum hash from gossip.
     pub(super) fn on_sum_hash_gossip(&mut self, h: SumHash, raw: &[u8]) -> MessageAcceptance {
         let now = self.now();
-        let r = self.with_sharded(|net, sh| {
-            if !net.open_step(sh, h.step) {
-                net.stats.drop(Drop::OutOfWindow);
-                return MessageAcceptance::Ignore;
-            }
-            match sh
+        self.exchange_gossip(h.step, |sh| {
+            let v = sh
                 .ex
-                .on_sum_hash(now, h.step, h.shard, h.aggregator, h.manifest, h.hash)
+                .on_sum_hash(now, h.step, h.shard, h.aggregator, h.manifest, h.hash);
+            if v == exchange::Verdict::Accepted
+                && let Some(sig) = msg::signature(raw)
             {
-                exchange::Verdict::NotASeat => {
-                    net.stats.drop(Drop::NotMember);
-                    MessageAcceptance::Reject
-                }
-                exchange::Verdict::Accepted => {
-                    if let Some(sig) = msg::signature(raw) {
-                        sh.claims
-                            .insert((h.step, h.shard, h.aggregator, h.manifest, h.hash), sig);
-                    }
-                    net.stats.accepted += 1;
-                    MessageAcceptance::Accept
-                }
-                // A second hash, or one for a manifest this node does not
-                // take: not kept, not forwarded (a seat could otherwise
-                // flood every node with made-up manifest ids).
-                _ => MessageAcceptance::Ignore,
+                sh.claims
+                    .insert((h.step, h.shard, h.aggregator, h.manifest, h.hash), sig);
             }
-        });
-        self.drive();
-        r.unwrap_or_else(|| {
-            // A job on the all-to-all exchange has no aggregators: every
-            // honest node drops these alike.
-            self.stats.drop(Drop::Malformed);
-            acceptance(Drop::Malformed)
+            v
         })
     }
 
@@ -1032,15 +1010,28 @@ impl Net {
     /// this node's own look (see `exchange::probe`). Forwarded only when it
     /// started one, so a seat cannot flood the job with claims.
     pub(super) fn on_withheld_gossip(&mut self, w: Withheld) -> MessageAcceptance {
+        self.exchange_gossip(w.step, |sh| {
+            sh.ex
+                .on_withheld_claim(w.step, w.shard, w.aggregator, w.manifest, w.member)
+        })
+    }
+
+    /// A seat's gossip about `step`, handed to the exchange by `take`: from
+    /// a member that holds no seat it is rejected (every honest node drops
+    /// it alike), taken it is forwarded, and anything else (a second hash,
+    /// another manifest: a seat could otherwise flood every node with
+    /// made-up manifest ids) is neither kept nor forwarded.
+    fn exchange_gossip(
+        &mut self,
+        step: u32,
+        take: impl FnOnce(&mut Sharded) -> exchange::Verdict,
+    ) -> MessageAcceptance {
         let r = self.with_sharded(|net, sh| {
-            if !net.open_step(sh, w.step) {
+            if !net.open_step(sh, step) {
                 net.stats.drop(Drop::OutOfWindow);
                 return MessageAcceptance::Ignore;
             }
-            match sh
-                .ex
-                .on_withheld_claim(w.step, w.shard, w.aggregator, w.manifest, w.member)
-            {
+            match take(sh) {
                 exchange::Verdict::NotASeat => {
                     net.stats.drop(Drop::NotMember);
                     MessageAcceptance::Reject
@@ -1054,6 +1045,8 @@ impl Net {
         });
         self.drive();
         r.unwrap_or_else(|| {
+            // A job on the all-to-all exchange has no aggregators: every
+            // honest node drops these alike.
             self.stats.drop(Drop::Malformed);
             acceptance(Drop::Malformed)
         })
