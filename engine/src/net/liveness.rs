@@ -54,22 +54,36 @@ pub fn manifest_body(members: u32) -> f64 {
 /// A sum hash's body (sharded exchange).
 pub const SUM_HASH_BODY: f64 = 32.0 + 4.0 + 4.0 + 4.0 + 4.0 + 32.0 + 32.0;
 
-/// What gossip costs each member, per direction, in bytes a second, for a
-/// job of `members` whose steps take about `step_secs` and gossip
-/// `sum_hashes` sum hashes each (0 on the all-to-all exchange): the
-/// heartbeats at [`beat_interval`], and per step every member's
-/// announcement, the manifests (1.5 a step: fall-backs and late leaders
-/// add some) and the sum hashes, each received and relayed about
-/// [`MESH_COPIES`] times. Calibrated against `cohort-bench traffic`
-/// (8 members): see `docs/p2p.md`.
+fn wire(body: f64) -> f64 {
+    body + ENVELOPE + GOSSIPSUB_OVERHEAD
+}
+
+fn copies(members: u32) -> f64 {
+    MESH_COPIES.min(members.saturating_sub(1) as f64)
+}
+
+/// What the job's heartbeats cost each member, per direction, in bytes a
+/// second: every member's at [`beat_interval`], each received and relayed
+/// about [`MESH_COPIES`] times.
+pub fn heartbeat_bytes_per_sec(members: u32) -> f64 {
+    copies(members) * members as f64 / beat_interval(members).as_secs_f64() * wire(HEARTBEAT_BODY)
+}
+
+/// What one step's gossip costs each member, per direction, in bytes:
+/// every member's announcement, the manifests (1.5 a step: fall-backs and
+/// late leaders add some) and `sum_hashes` sum hashes (0 on the all-to-all
+/// exchange), each received and relayed about [`MESH_COPIES`] times.
+pub fn step_gossip_bytes(members: u32, sum_hashes: u64) -> f64 {
+    copies(members)
+        * (members as f64 * wire(ANNOUNCE_BODY)
+            + 1.5 * wire(manifest_body(members))
+            + sum_hashes as f64 * wire(SUM_HASH_BODY))
+}
+
+/// Both, as bytes a second for steps of about `step_secs`. Calibrated
+/// against `cohort-bench traffic` (8 members): see `docs/p2p.md`.
 pub fn gossip_bytes_per_sec(members: u32, step_secs: f64, sum_hashes: u64) -> f64 {
-    let wire = |body: f64| body + ENVELOPE + GOSSIPSUB_OVERHEAD;
-    let copies = MESH_COPIES.min(members.saturating_sub(1) as f64);
-    let beats = members as f64 / beat_interval(members).as_secs_f64() * wire(HEARTBEAT_BODY);
-    let per_step = members as f64 * wire(ANNOUNCE_BODY)
-        + 1.5 * wire(manifest_body(members))
-        + sum_hashes as f64 * wire(SUM_HASH_BODY);
-    copies * (beats + per_step / step_secs.max(1e-3))
+    heartbeat_bytes_per_sec(members) + step_gossip_bytes(members, sum_hashes) / step_secs.max(1e-3)
 }
 
 #[cfg(test)]

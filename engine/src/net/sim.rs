@@ -120,22 +120,13 @@ pub struct SimConfig {
 
 impl SimConfig {
     /// A node's uplink and downlink (bytes/s) less what the job's gossip
-    /// takes of them all the time ([`super::liveness::gossip_bytes_per_sec`],
-    /// with `sum_hashes` gossiped a step): heartbeats, announcements,
-    /// manifests and sum hashes, relayed by every member. A link keeps a
-    /// twentieth of itself at least.
-    pub fn less_gossip(&self, up: f64, down: f64, sum_hashes: u64) -> (f64, f64) {
-        let g = self.gossip_rate(sum_hashes);
-        ((up - g).max(up / 20.0), (down - g).max(down / 20.0))
-    }
-
-    /// Bytes a second each node's gossip takes, each way.
-    pub fn gossip_rate(&self, sum_hashes: u64) -> f64 {
-        super::liveness::gossip_bytes_per_sec(
-            self.nodes,
-            self.compute_secs + self.apply_secs,
-            sum_hashes,
-        )
+    /// takes of them all the time: `rate` bytes a second (the heartbeats;
+    /// on the all-to-all exchange also each step's announcements and
+    /// manifests, spread over compute and apply time: an upper bound where
+    /// steps take longer, negligible there next to the payloads). A link
+    /// keeps a twentieth of itself at least.
+    pub fn less_gossip(&self, up: f64, down: f64, rate: f64) -> (f64, f64) {
+        ((up - rate).max(up / 20.0), (down - rate).max(down / 20.0))
     }
 }
 
@@ -370,7 +361,12 @@ pub fn simulate(cfg: &SimConfig, free_network: bool) -> SimResult {
         .collect();
     if !free_network {
         for x in &mut nodes {
-            (x.up, x.down) = cfg.less_gossip(x.up, x.down, 0);
+            let rate = super::liveness::gossip_bytes_per_sec(
+                cfg.nodes,
+                cfg.compute_secs + cfg.apply_secs,
+                0,
+            );
+            (x.up, x.down) = cfg.less_gossip(x.up, x.down, rate);
         }
     }
     let mut manifests: Vec<Manifest> = Vec::new();

@@ -4,9 +4,11 @@
 //! sums, a recomputation's slices) and gossip are modelled as in
 //! [`super::sim`]: an uplink is shared by what it sends at once, a
 //! downlink serves first come, first served, a share of requests fails at
-//! the node's request deadline, and the job's gossip (heartbeats,
-//! announcements, manifests, sum hashes) takes its share of every link
-//! ([`SimConfig::less_gossip`]). The libp2p node runs the same machines
+//! the node's request deadline, and the job's gossip takes its share of
+//! every link: heartbeats all the time ([`SimConfig::less_gossip`]), and
+//! each step's announcements, manifests and sum hashes as a transfer on
+//! the uplink and the downlink when the node computed the step
+//! ([`super::liveness`]). The libp2p node runs the same machines
 //! (`node::sharded`).
 
 use super::exchange::{self, Action as XAction, Exchange, Hash, ManifestId};
@@ -125,6 +127,11 @@ enum What {
         step: u32,
         shard: u32,
         manifest: ManifestId,
+    },
+    /// One step's gossip, relayed by this node (it goes to nobody in
+    /// particular: its bytes only share the uplink).
+    Gossip {
+        step: u32,
     },
     /// A member's slice, asked to check a seat's claim that it is withheld.
     Probe {
@@ -255,6 +262,8 @@ struct Node {
     alarm: Alarm,
     up_bytes: f64,
     down_bytes: f64,
+    /// Of them, each way: the job's gossip.
+    gossip_bytes: f64,
     recomputes: u64,
     /// The step machine's next deadline when it was last polled.
     steps_deadline: Option<Duration>,
@@ -294,6 +303,10 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
         })
         .collect();
     let huge = 1e30;
+    // The job's gossip: heartbeats all the time, and each step's
+    // announcements, manifests and sum hashes sent and received with it.
+    let heartbeats = super::liveness::heartbeat_bytes_per_sec(n);
+    let step_gossip = super::liveness::step_gossip_bytes(n, (shards * cfg.redundancy) as u64);
     let mut nodes: Vec<Node> = (0..n)
         .map(|i| {
             let (up, down, latency) = (
@@ -301,7 +314,7 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
                 rng.uniform(base.down_mbit) * 1e6 / 8.0,
                 rng.uniform(base.latency_ms) / 1e3,
             );
-            let (up, down) = base.less_gossip(up, down, (shards * cfg.redundancy) as u64);
+            let (up, down) = base.less_gossip(up, down, heartbeats);
             Node {
                 steps: StepMachine::new(
                     job,
@@ -333,6 +346,7 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
                 alarm: Alarm::default(),
                 up_bytes: 0.0,
                 down_bytes: 0.0,
+                gossip_bytes: 0.0,
                 recomputes: 0,
                 steps_deadline: None,
                 marks: BTreeMap::new(),
@@ -365,6 +379,7 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
         }
         What::Sum { .. } => cfg.sum_bytes(),
         What::Slices { .. } => cfg.slice_bytes() * listed as f64,
+        What::Gossip { .. } => step_gossip,
     };
     let failure = if free_network {
         0.0
@@ -432,11 +447,24 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
                 me.steps.on_compute(Duration::from_secs_f64(me.computing));
                 open(me, node, step);
                 me.ex.on_computed(step);
+                // The step's gossip, each way, from now on.
+                if !free_network {
+                    me.down_free = me.down_free.max(now) + step_gossip / me.down;
+                    me.down_bytes += step_gossip;
+                    me.gossip_bytes += step_gossip;
+                    me.uplink.advance(now, me.up);
+                    me.uplink
+                        .active
+                        .push((node, What::Gossip { step }, step_gossip));
+                    if let Some((t, version)) = me.uplink.next_done(now, me.up) {
+                        queue.at(t, Ev::UplinkDone { node, version });
+                    }
+                }
             }
             Ev::Request { to, what, .. } => {
                 // A server that cannot serve says so at once.
                 let can = match what {
-                    What::Push { .. } | What::Hand { .. } => true,
+                    What::Push { .. } | What::Hand { .. } | What::Gossip { .. } => true,
                     What::Slice { .. } | What::Probe { .. } if withholds(node) => false,
                     What::Slice {
                         step,
@@ -482,6 +510,9 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
                 for (to, what) in done {
                     let b = bytes(&what, listed[step_of(&what) as usize]);
                     nodes[node as usize].up_bytes += b;
+                    if matches!(what, What::Gossip { .. }) {
+                        continue;
+                    }
                     let lat = link(&nodes, node, to);
                     let dst = &mut nodes[to as usize];
                     dst.down_bytes += b;
@@ -501,6 +532,8 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
             Ev::Arrive { from, what, .. } => {
                 let me = &mut nodes[node as usize];
                 match what {
+                    // (Never sent: gossip only shares the links.)
+                    What::Gossip { .. } => {}
                     What::Push { step, shard } => {
                         open(me, node, step);
                         me.ex.on_slice(step, shard, from);
@@ -549,6 +582,7 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
             Ev::Failed { from, what, .. } => {
                 let ex = &mut nodes[node as usize].ex;
                 match what {
+                    What::Gossip { .. } => {}
                     What::Push { step, shard } => ex.on_push_failed(d, step, shard, from),
                     What::Slice {
                         step,
@@ -944,16 +978,12 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
     }
     // The job's gossip took its share of every link all along: counted in
     // the traffic as well.
-    let gossip = if free_network {
-        0.0
-    } else {
-        base.gossip_rate((shards * cfg.redundancy) as u64)
-    };
-    {
+    if !free_network {
         for x in &mut nodes {
-            let secs = x.done_at.unwrap_or(now);
-            x.up_bytes += gossip * secs;
-            x.down_bytes += gossip * secs;
+            let beats = heartbeats * x.done_at.unwrap_or(now);
+            x.up_bytes += beats;
+            x.down_bytes += beats;
+            x.gossip_bytes += beats;
         }
     }
     // What the run did for its honest members (a withholder may never
@@ -973,7 +1003,7 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
         )
     };
     let (up_mean, up_max) = per(|x| x.up_bytes);
-    let gossip = gossip * nodes.iter().map(|x| x.done_at.unwrap_or(now)).sum::<f64>() / k / steps;
+    let (gossip, _) = per(|x| x.gossip_bytes);
     let (down_mean, down_max) = per(|x| x.down_bytes);
     ShardedResult {
         run: SimResult {
@@ -1042,7 +1072,8 @@ fn step_of(w: &What) -> u32 {
         | What::Sum { step, .. }
         | What::Slices { step, .. }
         | What::Probe { step, .. }
-        | What::Hand { step, .. } => step,
+        | What::Hand { step, .. }
+        | What::Gossip { step } => step,
     }
 }
 
