@@ -360,12 +360,9 @@ pub fn simulate(cfg: &SimConfig, free_network: bool) -> SimResult {
         })
         .collect();
     if !free_network {
+        let rate =
+            super::liveness::gossip_bytes_per_sec(cfg.nodes, cfg.compute_secs + cfg.apply_secs, 0);
         for x in &mut nodes {
-            let rate = super::liveness::gossip_bytes_per_sec(
-                cfg.nodes,
-                cfg.compute_secs + cfg.apply_secs,
-                0,
-            );
             (x.up, x.down) = cfg.less_gossip(x.up, x.down, rate);
         }
     }

@@ -108,18 +108,19 @@ impl Exchange {
             return Verdict::NotListed;
         }
         let held = member == me || st.agg.get(&shard).is_some_and(|a| a.held.contains(&member));
-        let sources: Vec<u32> = std::iter::once(member)
-            .chain(st.seats[s].iter().copied())
-            .chain(st.reserve.get(s).into_iter().flatten().copied())
-            .filter(|&x| x != me)
-            .fold(Vec::new(), |mut v, x| {
-                if !v.contains(&x) {
-                    v.push(x);
-                }
-                v
-            });
+        let (seats, reserve) = (&st.seats[s], st.reserve.get(s));
         let p = st.probes.entry((member, shard)).or_insert_with(|| Probe {
-            sources,
+            // The member, then the seats and reserve seats, each once.
+            sources: std::iter::once(member)
+                .chain(seats.iter().copied())
+                .chain(reserve.into_iter().flatten().copied())
+                .filter(|&x| x != me)
+                .fold(Vec::new(), |mut v, x| {
+                    if !v.contains(&x) {
+                        v.push(x);
+                    }
+                    v
+                }),
             ask: Asking::default(),
             due: None,
             claimers: BTreeSet::new(),
