@@ -417,6 +417,32 @@ fn tally(layout: &Layout, payloads: &[&Payload], counted: &[bool]) -> Vec<(f32, 
         .collect()
 }
 
+/// The screen's agreement of one member's slice of a shard with the other
+/// members' votes there, read off the shard's published vote sums (which
+/// count the member's own vote: it is taken out): what a witness of the
+/// sharded exchange screens by, since no node holds the step's payloads
+/// whole. A tie counts half, as in the whole-payload screen. None when the
+/// step lists too few members to judge by ([`MIN_SCREENED`]), or the slice
+/// does not fit the sums.
+pub fn slice_agreement(signs: &[bool], sums: &[i32], listed: usize) -> Option<f32> {
+    if listed < MIN_SCREENED || signs.len() != sums.len() || signs.is_empty() {
+        return None;
+    }
+    let agree: usize = signs
+        .iter()
+        .zip(sums)
+        .map(|(neg, sum)| {
+            let own = if *neg { -1 } else { 1 };
+            match ((sum - own) * own).signum() {
+                1 => 2,
+                0 => 1,
+                _ => 0,
+            }
+        })
+        .sum();
+    Some(agree as f32 / (2 * signs.len()) as f32)
+}
+
 /// A payload's identity for duplicate checks (independent of its header):
 /// what its sender chose. Under the top-k rule that is each sign with its
 /// index; under the shared rule only the signs, since the positions are the
@@ -444,6 +470,71 @@ mod tests {
 
     fn layout() -> Layout {
         Layout::new(&[vec![16, 16]], &CompressConfig::default())
+    }
+
+    #[test]
+    fn a_slice_s_agreement_is_read_off_the_shard_s_sums_as_the_whole_payload_screen_reads_it() {
+        // Own votes +, -, +, -; the sums count them: the others' votes are
+        // 2, 0 (a tie: half), -2 and 1.
+        let signs = [false, true, false, true];
+        let got = slice_agreement(&signs, &[3, -1, -1, 0], 4).unwrap();
+        assert!((got - 3.0 / 8.0).abs() < 1e-6, "{got}");
+        assert_eq!(
+            slice_agreement(&signs, &[3, -1, -1, 0], 2),
+            None,
+            "no majority"
+        );
+        assert_eq!(slice_agreement(&signs, &[3, -1, -1], 4), None, "misfit");
+        // Over a whole payload under the shared rule it is the screen's own
+        // first-pass agreement.
+        let layout = Layout::new(
+            &[vec![16, 16], vec![24]],
+            &CompressConfig {
+                select: Select::Shared,
+                topk: 5,
+                max_chunk: 8,
+                ..CompressConfig::default()
+            },
+        );
+        let draw = crate::compress::Draw::for_step(&[4; 32], 3);
+        let mut bits = blake3::Hasher::new().update(b"signs").finalize_xof();
+        let payloads: Vec<Payload> = (0..5)
+            .map(|_| Payload {
+                params: (0..layout.dcts.len())
+                    .map(|p| {
+                        let idx = layout.drawn(p, draw);
+                        let mut b = vec![0u8; idx.len()];
+                        bits.fill(&mut b);
+                        SparseSigns {
+                            neg: b.iter().map(|x| x & 1 == 1).collect(),
+                            idx,
+                        }
+                    })
+                    .collect(),
+            })
+            .collect();
+        let refs: Vec<&Payload> = payloads.iter().collect();
+        let cfg = AuditConfig {
+            screen_agreement: 0.0,
+            ..AuditConfig::default()
+        };
+        let screens = screen(&layout, &refs, &[], &cfg);
+        let flat =
+            |p: &Payload| -> Vec<bool> { p.params.iter().flat_map(|s| s.neg.clone()).collect() };
+        let mut sums = vec![0i32; flat(&payloads[0]).len()];
+        for p in &payloads {
+            for (s, neg) in sums.iter_mut().zip(flat(p)) {
+                *s += if neg { -1 } else { 1 };
+            }
+        }
+        for (p, sc) in payloads.iter().zip(&screens) {
+            let a = slice_agreement(&flat(p), &sums, payloads.len()).unwrap();
+            assert!(
+                (a - sc.agreement).abs() < 1e-6,
+                "{a} against {}",
+                sc.agreement
+            );
+        }
     }
 
     #[test]

@@ -167,6 +167,55 @@ pub fn slice(shard: &Shard, layout: &Layout, payload: &Payload) -> Vec<bool> {
     out
 }
 
+/// A member's whole payload from its slices of every shard, in order: the
+/// inverse of [`slice`], with the positions `draw` names (the job's, at the
+/// step). What a witness of the sharded exchange audits, since no node
+/// holds a member's payload whole.
+pub fn assemble(
+    shards: &[Shard],
+    layout: &Layout,
+    slices: &[Vec<bool>],
+    draw: Draw,
+) -> Result<Payload, EngineError> {
+    if slices.len() != shards.len() {
+        return Err(EngineError::Shape(format!(
+            "{} slices for {} shards",
+            slices.len(),
+            shards.len()
+        )));
+    }
+    let mut neg: Vec<Vec<bool>> = (0..layout.dcts.len())
+        .map(|p| Vec::with_capacity(layout.dcts[p].tiling.chunks() * layout.topk[p]))
+        .collect();
+    for (shard, signs) in shards.iter().zip(slices) {
+        if signs.len() != shard.positions {
+            return Err(EngineError::Shape(format!(
+                "a slice of {} signs for a shard of {} positions",
+                signs.len(),
+                shard.positions
+            )));
+        }
+        let mut at = 0;
+        for (p, chunks) in &shard.pieces {
+            let n = chunks.len() * layout.topk[*p];
+            neg[*p].extend_from_slice(&signs[at..at + n]);
+            at += n;
+        }
+    }
+    let payload = Payload {
+        params: neg
+            .into_iter()
+            .enumerate()
+            .map(|(p, neg)| crate::compress::SparseSigns {
+                idx: layout.drawn(p, draw),
+                neg,
+            })
+            .collect(),
+    };
+    payload.validate(layout)?;
+    Ok(payload)
+}
+
 /// The leaf that commits to slice `index` of a payload: the shard's
 /// number and its signs, packed 8 to a byte.
 pub fn slice_leaf(index: usize, signs: &[bool]) -> crate::merkle::Hash {
@@ -591,6 +640,21 @@ mod tests {
                 &slice_leaf(j, s),
                 &path
             ));
+        }
+    }
+
+    #[test]
+    fn a_payload_cut_into_slices_is_assembled_back_whole_and_a_short_slice_is_refused() {
+        let layout = layout();
+        let draw = Draw::for_step(&[3; 32], 7);
+        let p = payloads(&layout, 1, draw).remove(0);
+        for count in [1, 2, 5] {
+            let shards = split(&layout, count).unwrap();
+            let mut slices: Vec<Vec<bool>> = shards.iter().map(|s| slice(s, &layout, &p)).collect();
+            assert_eq!(assemble(&shards, &layout, &slices, draw).unwrap(), p);
+            slices[0].pop();
+            assert!(assemble(&shards, &layout, &slices, draw).is_err());
+            assert!(assemble(&shards, &layout, &slices[1..], draw).is_err());
         }
     }
 

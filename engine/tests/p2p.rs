@@ -751,11 +751,19 @@ fn a_lying_leader_gets_no_honest_member_accused_no_honest_node_failed_and_is_con
 /// announces step 2 but pushes and serves none of its slices: seats claim
 /// them withheld, every node fails to get them too, and a fall-back
 /// manifest without it takes the step (before, the step stalled for good).
+/// And a member sends its payload sign-flipped and, audited, reveals a
+/// momentum forged so that the flipped payload recomputes: no node holds
+/// its payload whole, so each of its auditors screens it by one slice (its
+/// signs go against the shard's sums), fetches the rest from the seats,
+/// recomputes it from the revealed momentum and follows the momentum chain
+/// from the step before (whose payload it fetches as slices too), which
+/// the forgery breaks: it is convicted. No audit is drawn by coin here: the
+/// screen alone finds it, and flags no honest member.
 #[test]
-fn eight_processes_train_through_the_sharded_exchange_a_lying_aggregator_is_convicted_and_a_withholder_left_out()
+fn eight_processes_train_through_the_sharded_exchange_a_lying_aggregator_and_a_momentum_forger_are_convicted_and_a_withholder_left_out()
  {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let (n, steps, liar, withholder) = (8, 6, 5, 3);
+    let (n, steps, liar, withholder, forger) = (8, 6, 5, 3, 6);
     let ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
     let witnesses = (0..n).map(|i| i.to_string()).collect::<Vec<_>>().join(",");
     let mut peers: Vec<Peer> = (0..n)
@@ -764,16 +772,22 @@ fn eight_processes_train_through_the_sharded_exchange_a_lying_aggregator_is_conv
             c.args(["--shards", "8", "--redundancy", "2"]);
             c.args(["--rate-mbit", "50", "--rtt-ms", "20"]);
             c.args(["--witnesses", &witnesses, "--quorum", "2"]);
+            c.args(["--audit-rate", "0"]);
             if i == liar {
                 c.args(["--adversary", "lying-aggregator"]);
             }
             if i == withholder {
                 c.args(["--adversary", "withholding"]);
             }
+            if i == forger {
+                c.args(["--adversary", "forged-momentum"]);
+            }
             Peer::spawn(&mut c)
         })
         .collect();
-    let honest: Vec<usize> = (0..n).filter(|&i| i != liar && i != withholder).collect();
+    let honest: Vec<usize> = (0..n)
+        .filter(|&i| i != liar && i != withholder && i != forger)
+        .collect();
     // The withholder is behind from the step it stalled on, and finished
     // nodes stay while a live peer still trains: it leaves once every
     // honest node applied the last step.
@@ -785,7 +799,7 @@ fn eight_processes_train_through_the_sharded_exchange_a_lying_aggregator_is_conv
     }
     let _ = peers[withholder].child.kill();
     let mut done = vec![String::new(); n];
-    for &i in honest.iter().chain([&liar]) {
+    for &i in honest.iter().chain([&liar, &forger]) {
         done[i] = peers[i].finish(Duration::from_secs(240));
     }
     let finals: Vec<&str> = honest
@@ -800,7 +814,7 @@ fn eight_processes_train_through_the_sharded_exchange_a_lying_aggregator_is_conv
             Some(&*steps.to_string()),
             "member {i}: {d}"
         );
-        assert!(d.contains(r#""slashed":[5]"#), "member {i}: {d}");
+        assert!(d.contains(r#""slashed":[5, 6]"#), "member {i}: {d}");
     }
     let caught: u64 = honest
         .iter()
@@ -812,18 +826,30 @@ fn eight_processes_train_through_the_sharded_exchange_a_lying_aggregator_is_conv
         })
         .sum();
     assert!(caught > 0, "no node caught the lie: {done:#?}");
+    let (mut audits, mut broken_chain) = (0, false);
     for &i in &honest {
         for l in peers[i].lines() {
             if l.contains(r#""event":"accused""#) {
-                assert_eq!(
-                    field(&l, "member"),
-                    Some("5"),
-                    "an honest member was accused: {l}"
-                );
-                assert_eq!(field(&l, "ground"), Some("false_sum"), "{l}");
+                let ground = match field(&l, "member") {
+                    Some("5") => "false_sum",
+                    Some("6") => "screened",
+                    _ => panic!("an honest member was accused: {l}"),
+                };
+                assert_eq!(field(&l, "ground"), Some(ground), "{l}");
+            }
+            if l.contains(r#""event":"audited""#) {
+                audits += 1;
+                if field(&l, "member") != Some("6") {
+                    assert_eq!(field(&l, "passed"), Some("true"), "{l}");
+                } else if field(&l, "passed") == Some("false") {
+                    let chain: f32 = field(&l, "chain_error").unwrap().parse().unwrap();
+                    broken_chain |= chain > 0.5;
+                }
             }
         }
     }
+    assert!(audits > 0, "no audit ran on the sharded exchange");
+    assert!(broken_chain, "the forger's momentum chain was not followed");
     assert!(assert_agree(&honest.iter().map(|&i| &peers[i]).collect::<Vec<_>>()) > 0);
     // Step 2 applied without the withholder's contribution, wherever it
     // was applied (a node that fell behind may have downloaded the state
@@ -1550,6 +1576,7 @@ fn messages_for_another_job_an_earlier_epoch_or_a_far_future_step_are_dropped_an
                     member,
                     payload_hash: *blake3::hash(&step.to_le_bytes()).as_bytes(),
                     momentum_hash: [0; 32],
+                    basis: [0; 32],
                     len: 1 << 20,
                     produced_us: 0,
                 };

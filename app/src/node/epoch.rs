@@ -107,8 +107,10 @@ impl EpochRun<'_> {
                 cosigner: None,
             },
             spill_above: p2p::SPILL_ABOVE,
-            // The app's jobs run the all-to-all exchange until the node's
-            // sharded path carries audits and screening (issue 18).
+            // The app's jobs run the all-to-all exchange: nothing chooses
+            // the sharded one by member count yet, and its screen only
+            // flags a payload for audit, never takes its vote away (issue
+            // 18).
             exchange: None,
         })
     }

@@ -38,17 +38,74 @@ pub(crate) enum Revealed {
 /// one can trail its step by several applies.
 pub(crate) const KEEP_WEIGHTS: usize = 8;
 
-/// A contribution a witness audits: whose, the momentum commitment, and
-/// the member's commitment at the step before when the chain is checked.
+/// A contribution a witness audits: whose, the momentum commitment, the
+/// member's commitment at the step before when the chain is checked, and
+/// the payloads the network side fetches as slices (the sharded
+/// exchange's): (step, the root the member signed).
 pub(crate) struct Target {
     pub(crate) member: u32,
     pub(crate) hash: [u8; 32],
     pub(crate) previous: Option<[u8; 32]>,
+    pub(crate) fetch: Vec<(u32, [u8; 32])>,
 }
 
-/// A member's momentum hash at one step, and the payload it sent then:
-/// what the chain check of its next step follows.
-type Commitment = ([u8; 32], Payload);
+/// What a member sent at a step, as a witness holds it when it draws.
+#[derive(Clone, Debug)]
+pub(crate) enum Sent {
+    /// Its payload (the all-to-all exchange).
+    Payload(Payload),
+    /// The root its slices are committed to (the sharded exchange, where
+    /// no node holds a payload whole): fetched as slices when audited.
+    Slices([u8; 32]),
+}
+
+/// A member's momentum hash at one step, and what it sent then: what its
+/// audit recomputes against, and what the chain check of its next step
+/// follows.
+#[derive(Clone, Debug)]
+struct Commitment {
+    momentum: [u8; 32],
+    sent: Sent,
+}
+
+impl Commitment {
+    /// What an auditor's coin is drawn on: the payload's hash, or the root
+    /// of its slices (which fixes the payload just as well).
+    fn drawn_on(&self, select: crate::compress::Select) -> [u8; 32] {
+        match &self.sent {
+            Sent::Payload(p) => audit::payload_hash(select, p),
+            Sent::Slices(root) => *root,
+        }
+    }
+}
+
+/// One shard of a member's contribution a witness of the sharded exchange
+/// screens it by: the network side fetches that slice (checked against
+/// `root`) and the witness compares it with the shard's sums.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Sample {
+    pub(crate) member: u32,
+    pub(crate) shard: u32,
+    pub(crate) root: [u8; 32],
+}
+
+/// A sample waiting for its slice: the shard's sums, the members the step
+/// listed, and the contribution it would audit.
+struct Sampling {
+    shard: u32,
+    sums: Vec<i32>,
+    listed: usize,
+    k: Commitment,
+}
+
+/// A listed member's announcement on the sharded exchange, as an auditor
+/// needs it: its momentum commitment and the root of its slices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Announced {
+    pub(crate) member: u32,
+    pub(crate) momentum: [u8; 32],
+    pub(crate) root: [u8; 32],
+}
 
 /// One side of an audit that is still downloading.
 enum Wait<T> {
@@ -56,9 +113,11 @@ enum Wait<T> {
     Done(T),
 }
 
-/// A contribution drawn for audit, waiting for what its author reveals.
+/// A contribution drawn for audit, waiting for what its author reveals
+/// (and, on the sharded exchange, for its payload's slices).
 struct Awaited {
-    c: Contribution,
+    /// The payload sent: None if its slices could not be fetched.
+    payload: Wait<Option<Payload>>,
     /// Why it is audited: the screen, or a coin's draw.
     ground: Ground,
     /// The screen flagged it: a refusal to reveal then fails the audit. Not
@@ -71,7 +130,16 @@ struct Awaited {
     previous: Option<Wait<Revealed>>,
     /// The payload sent at the step before: the coefficients that left the
     /// momentum then, which the chain check removes.
-    previous_sent: Option<Payload>,
+    previous_sent: Option<Wait<Option<Payload>>>,
+}
+
+impl Awaited {
+    fn ready(&self) -> bool {
+        !matches!(self.own, Wait::Pending)
+            && !matches!(self.payload, Wait::Pending)
+            && !matches!(self.previous, Some(Wait::Pending))
+            && !matches!(self.previous_sent, Some(Wait::Pending))
+    }
 }
 
 /// The training thread's side of proof of contribution: the screen's
@@ -101,11 +169,15 @@ pub(crate) struct Guard {
     origin: Option<u32>,
     /// Contributions drawn for audit, waiting for their momenta.
     awaiting: BTreeMap<(u32, u32), Awaited>,
+    /// Samples waiting for their slice (the sharded exchange's screen).
+    sampling: BTreeMap<(u32, u32), Sampling>,
+    /// Roots listed per recent step (the sharded exchange's duplicates).
+    roots: BTreeMap<u32, Vec<[u8; 32]>>,
     /// Audits opened, per (step, member): each is run once.
     opened: BTreeSet<(u32, u32)>,
     /// Contributions this witness audits if asked to confirm (recent
     /// steps, only those it is an auditor of).
-    kept: BTreeMap<u32, BTreeMap<u32, Contribution>>,
+    kept: BTreeMap<u32, BTreeMap<u32, Commitment>>,
     /// Each member's momentum commitment per recent step (witnesses only):
     /// what a chain check fetches the previous momentum against, with the
     /// payload sent then. Every member's: who audits the next step is known
@@ -129,6 +201,8 @@ impl Guard {
             weights_at: BTreeMap::new(),
             origin: None,
             awaiting: BTreeMap::new(),
+            sampling: BTreeMap::new(),
+            roots: BTreeMap::new(),
             opened: BTreeSet::new(),
             kept: BTreeMap::new(),
             commitments: BTreeMap::new(),
@@ -157,6 +231,8 @@ impl Guard {
         // Anything kept past this step belongs to an abandoned history.
         self.weights_at.retain(|s, _| *s < t.step());
         self.awaiting.retain(|(s, _), _| *s < t.step());
+        self.sampling.retain(|(s, _), _| *s < t.step());
+        self.roots.retain(|s, _| *s < t.step());
         self.opened.retain(|(s, _)| *s < t.step());
         self.kept.retain(|s, _| *s < t.step());
         self.commitments.retain(|s, _| *s < t.step());
@@ -224,12 +300,15 @@ impl Guard {
         let entries: BTreeMap<u32, Commitment> = members
             .iter()
             .zip(cs)
-            .map(|(m, c)| (*m, (c.momentum_hash, c.payload.clone())))
+            .map(|(m, c)| {
+                let k = Commitment {
+                    momentum: c.momentum_hash,
+                    sent: Sent::Payload(c.payload.clone()),
+                };
+                (*m, k)
+            })
             .collect();
-        self.commitments.insert(step, entries);
-        while self.commitments.len() > KEEP_WEIGHTS {
-            self.commitments.pop_first();
-        }
+        self.commit(step, entries);
         let mut out = Vec::new();
         for (((member, c), screen), hash) in members
             .iter()
@@ -248,20 +327,154 @@ impl Guard {
                 .duty(self.me, step, *member, hash, certain, |m| {
                     signature(signer, m)
                 });
-            self.kept
-                .entry(step)
-                .or_default()
-                .insert(*member, c.clone());
-            if let Duty::Audit { chained, ground } = duty
-                && let Some(t) = self.open(step, *member, c.clone(), ground, chained, flagged)
-            {
-                out.push(t);
-            }
+            let k = Commitment {
+                momentum: c.momentum_hash,
+                sent: Sent::Payload(c.payload.clone()),
+            };
+            out.extend(self.keep_and_open(step, *member, k, duty, flagged));
         }
+        out
+    }
+
+    /// The sharded exchange's draw for `step`. No node holds the step's
+    /// payloads whole, so the screen is the witness's own, per contribution
+    /// it is an auditor of: a root listed twice, or listed at a recent step
+    /// (a copy, or a payload sent again), is flagged at once; a coin drawn
+    /// on the root may draw it for audit as on the all-to-all exchange;
+    /// otherwise one shard's slice, picked by this witness's secret, is
+    /// fetched and screened against that shard's sums ([`Guard::sampled`]).
+    /// `entries` is the manifest's (member, root) list; `announced` the
+    /// announcements this node heard of listed members, computed on the
+    /// state the step's contributions are computed on; `sums` every
+    /// shard's. Returns the audits opened and the samples to fetch.
+    pub(crate) fn draw_sharded(
+        &mut self,
+        step: u32,
+        entries: &[(u32, [u8; 32])],
+        announced: &[Announced],
+        sums: &[Vec<i32>],
+    ) -> (Vec<Target>, Vec<Sample>) {
+        if !self.witness {
+            return (Vec::new(), Vec::new());
+        }
+        let heard: BTreeMap<u32, Commitment> = announced
+            .iter()
+            .map(|a| {
+                let k = Commitment {
+                    momentum: a.momentum,
+                    sent: Sent::Slices(a.root),
+                };
+                (a.member, k)
+            })
+            .collect();
+        self.commit(step, heard.clone());
+        let earlier: BTreeSet<[u8; 32]> = self
+            .roots
+            .range(step.saturating_sub(audit::RECENT_STEPS)..step)
+            .flat_map(|(_, r)| r.iter().copied())
+            .collect();
+        let listed: Vec<[u8; 32]> = entries.iter().map(|e| e.1).collect();
+        self.roots.insert(step, listed.clone());
+        let (mut targets, mut samples) = (Vec::new(), Vec::new());
+        for (member, k) in heard {
+            if member == self.me || !self.policy.is_auditor(self.me, step, member) {
+                continue;
+            }
+            let root = k.drawn_on(self.select);
+            let copied =
+                earlier.contains(&root) || listed.iter().filter(|r| **r == root).count() > 1;
+            let signer = &self.signer;
+            let duty = self.policy.duty(self.me, step, member, &root, copied, |m| {
+                signature(signer, m)
+            });
+            let drawn = matches!(duty, Duty::Audit { .. });
+            targets.extend(self.keep_and_open(step, member, k.clone(), duty, copied));
+            if drawn || sums.is_empty() || listed.len() < audit::MIN_SCREENED {
+                continue;
+            }
+            let mut msg = b"cohort-sample-v1".to_vec();
+            msg.extend_from_slice(&step.to_le_bytes());
+            msg.extend_from_slice(&member.to_le_bytes());
+            msg.extend_from_slice(&root);
+            let pick = blake3::hash(&signature(&self.signer, &msg));
+            let shard = (u64::from_le_bytes(pick.as_bytes()[..8].try_into().unwrap_or([0; 8]))
+                % sums.len() as u64) as u32;
+            self.sampling.insert(
+                (step, member),
+                Sampling {
+                    shard,
+                    sums: sums[shard as usize].clone(),
+                    listed: listed.len(),
+                    k,
+                },
+            );
+            samples.push(Sample {
+                member,
+                shard,
+                root,
+            });
+        }
+        (targets, samples)
+    }
+
+    /// A sampled slice came in (None: nobody served it): a slice whose
+    /// signs go against the others' votes in its shard, read off the
+    /// shard's sums, flags the contribution as the whole-payload screen
+    /// would, and its audit opens as a flagged payload's (a refusal to
+    /// reveal fails it). The slice is the member's, proven under the root
+    /// it signed, and the sums are the step's: the flag is a fact any
+    /// holder of both can check, not this witness's say-so.
+    pub(crate) fn sampled(
+        &mut self,
+        step: u32,
+        member: u32,
+        slice: Option<Vec<bool>>,
+    ) -> Option<Target> {
+        let s = self.sampling.remove(&(step, member))?;
+        let agreement = audit::slice_agreement(&slice?, &s.sums, s.listed)?;
+        let flagged = agreement < self.policy.audit.screen_agreement;
+        tracing::debug!(
+            me = self.me,
+            member,
+            step,
+            shard = s.shard,
+            agreement,
+            flagged,
+            "sampled a slice"
+        );
+        if !flagged {
+            return None;
+        }
+        self.open(step, member, s.k, Ground::Screened, true, true)
+    }
+
+    /// Remembers every listed member's commitment at `step` (what the
+    /// chain check of its next step follows).
+    fn commit(&mut self, step: u32, entries: BTreeMap<u32, Commitment>) {
+        self.commitments.insert(step, entries);
+        while self.commitments.len() > KEEP_WEIGHTS {
+            self.commitments.pop_first();
+        }
+    }
+
+    /// Keeps a contribution this witness is an auditor of (another
+    /// auditor's coin may draw it), and opens its audit if `duty` says so.
+    fn keep_and_open(
+        &mut self,
+        step: u32,
+        member: u32,
+        k: Commitment,
+        duty: Duty,
+        flagged: bool,
+    ) -> Option<Target> {
+        self.kept.entry(step).or_default().insert(member, k.clone());
         while self.kept.len() > KEEP_WEIGHTS {
             self.kept.pop_first();
         }
-        out
+        match duty {
+            Duty::Audit { chained, ground } => self.open(step, member, k, ground, chained, flagged),
+            Duty::Skip => None,
+        }
     }
 
     /// Another auditor's coin drew `member`'s step-`step` contribution and
@@ -277,20 +490,22 @@ impl Guard {
         if !self.witness || self.opened.contains(&(step, member)) {
             return None;
         }
-        let c = self.kept.get(&step)?.get(&member)?.clone();
+        let k = self.kept.get(&step)?.get(&member)?.clone();
         let key = self.keys.get(by as usize)?;
-        let hash = audit::payload_hash(self.select, &c.payload);
-        if !self.policy.drawn_by(by, key, step, member, &hash, &coin) {
+        if !self
+            .policy
+            .drawn_by(by, key, step, member, &k.drawn_on(self.select), &coin)
+        {
             return None;
         }
-        self.open(step, member, c, Ground::Drawn { by, coin }, true, false)
+        self.open(step, member, k, Ground::Drawn { by, coin }, true, false)
     }
 
     fn open(
         &mut self,
         step: u32,
         member: u32,
-        c: Contribution,
+        k: Commitment,
         ground: Ground,
         chained: bool,
         refusal_fails: bool,
@@ -300,16 +515,25 @@ impl Guard {
         }
         // The chain is followed from the momentum committed at the step
         // before and the payload sent then.
-        let (previous, previous_sent) = step
+        let before = step
             .checked_sub(1)
             .filter(|_| chained)
-            .and_then(|s| self.commitments.get(&s)?.get(&member).cloned())
-            .unzip();
-        let hash = c.momentum_hash;
+            .and_then(|s| self.commitments.get(&s)?.get(&member).cloned());
+        let mut fetch = Vec::new();
+        let mut sent = |s: u32, sent: Sent| match sent {
+            Sent::Payload(p) => Wait::Done(Some(p)),
+            Sent::Slices(root) => {
+                fetch.push((s, root));
+                Wait::Pending
+            }
+        };
+        let payload = sent(step, k.sent);
+        let previous = before.as_ref().map(|b| b.momentum);
+        let previous_sent = before.map(|b| sent(step - 1, b.sent));
         self.awaiting.insert(
             (step, member),
             Awaited {
-                c,
+                payload,
                 ground,
                 refusal_fails,
                 own: Wait::Pending,
@@ -319,8 +543,9 @@ impl Guard {
         );
         Some(Target {
             member,
-            hash,
+            hash: k.momentum,
             previous,
+            fetch,
         })
     }
 
@@ -333,7 +558,7 @@ impl Guard {
         step: u32,
         member: u32,
         outcome: Revealed,
-    ) -> Result<Vec<(u32, u32, Option<AuditReport>)>, String> {
+    ) -> Result<Vec<Decided>, String> {
         // Only flagged payloads chain, so the copy is rare.
         if let Some(a) = self.awaiting.get_mut(&(step + 1, member))
             && matches!(a.previous, Some(Wait::Pending))
@@ -345,11 +570,46 @@ impl Guard {
         {
             a.own = Wait::Done(outcome);
         }
+        self.settle(trainer, cfg, step, member)
+    }
+
+    /// A member's payload of `step`, assembled from its slices (None if
+    /// they could not all be fetched): it completes the audit of that step
+    /// and/or the chain check of the step after. Returns the audits now
+    /// decided.
+    pub(crate) fn sent(
+        &mut self,
+        trainer: &mut Trainer,
+        cfg: &NodeConfig,
+        step: u32,
+        member: u32,
+        payload: Option<Payload>,
+    ) -> Result<Vec<Decided>, String> {
+        if let Some(a) = self.awaiting.get_mut(&(step + 1, member))
+            && matches!(a.previous_sent, Some(Wait::Pending))
+        {
+            a.previous_sent = Some(Wait::Done(payload.clone()));
+        }
+        if let Some(a) = self.awaiting.get_mut(&(step, member))
+            && matches!(a.payload, Wait::Pending)
+        {
+            a.payload = Wait::Done(payload);
+        }
+        self.settle(trainer, cfg, step, member)
+    }
+
+    /// Runs the audits of `member` at `step` and `step + 1` that have all
+    /// they wait for.
+    fn settle(
+        &mut self,
+        trainer: &mut Trainer,
+        cfg: &NodeConfig,
+        step: u32,
+        member: u32,
+    ) -> Result<Vec<Decided>, String> {
         let mut out = Vec::new();
         for key in [(step, member), (step + 1, member)] {
-            let ready = self.awaiting.get(&key).is_some_and(|a| {
-                matches!(a.own, Wait::Done(_)) && !matches!(a.previous, Some(Wait::Pending))
-            });
+            let ready = self.awaiting.get(&key).is_some_and(Awaited::ready);
             if ready && let Some(a) = self.awaiting.remove(&key) {
                 out.push((key.0, key.1, self.audit(trainer, cfg, key.0, key.1, a)?));
             }
@@ -378,7 +638,7 @@ impl Guard {
         a: Awaited,
     ) -> Result<Option<AuditReport>, String> {
         let Awaited {
-            c,
+            payload,
             ground,
             refusal_fails,
             own,
@@ -388,6 +648,19 @@ impl Guard {
         let targeted = refusal_fails;
         let Wait::Done(own) = own else {
             return Ok(None);
+        };
+        let Wait::Done(Some(payload)) = payload else {
+            tracing::warn!(
+                me = cfg.me,
+                member,
+                step,
+                "audit skipped: the payload's slices could not be fetched"
+            );
+            return Ok(None);
+        };
+        let previous_sent = match previous_sent {
+            Some(Wait::Done(p)) => p,
+            _ => None,
         };
         let Some(weights) = self.computed_on(step).and_then(|s| self.weights_at.get(&s)) else {
             tracing::warn!(
@@ -403,7 +676,7 @@ impl Guard {
             cfg.epoch,
             step,
             member,
-            &audit::payload_hash(self.select, &c.payload),
+            &audit::payload_hash(self.select, &payload),
         );
         let withheld = AuditReport {
             step,
@@ -428,7 +701,7 @@ impl Guard {
         let (reference, _) = trainer
             .replay_on(weights, &cfg.seed, cfg.epoch, step, member, &revealed)
             .map_err(|e| e.to_string())?;
-        let cmp = audit::compare(trainer.layout(), &c.payload, &reference);
+        let cmp = audit::compare(trainer.layout(), &payload, &reference);
         let mut report = AuditReport {
             passed: cmp.passes(&self.policy.audit),
             comparison: Some(cmp),
@@ -481,6 +754,10 @@ impl Guard {
         Ok(Some(report))
     }
 }
+
+/// An audit decided: (step, member, its report, or None when there was
+/// nothing to decide).
+pub(crate) type Decided = (u32, u32, Option<AuditReport>);
 
 /// What an audit does with what a member revealed.
 #[derive(Debug, PartialEq)]

@@ -33,7 +33,11 @@ use libp2p::identity::ed25519;
 /// sum ground, slice pushes, slice and sum requests).
 /// 5 (2026-12-05): a seat's claim that a listed slice is withheld
 /// (`Withheld`), and a slice handed to a seat (`Request::Hand`).
-pub const VERSION: u8 = 5;
+/// 6 (2026-12-06): an announcement names the state its contribution was
+/// computed on (`Announce::basis`): leaders list only contributions
+/// computed on the step's state, and witnesses of the sharded exchange,
+/// which never see the signed contribution, audit only those.
+pub const VERSION: u8 = 6;
 const MAGIC: &[u8; 3] = b"CHN";
 const DOMAIN: &[u8] = b"cohort-net-v1";
 /// Largest gossip message a node accepts: a manifest lists 36 bytes per
@@ -53,6 +57,9 @@ pub struct Announce {
     /// blake3 of the encoded contribution, which peers fetch by this hash.
     pub payload_hash: [u8; 32],
     pub momentum_hash: [u8; 32],
+    /// Hash of the shared state the contribution was computed on (the
+    /// contribution's own `basis`).
+    pub basis: [u8; 32],
     pub len: u32,
     /// Sender's wall clock when the contribution was ready (µs since Unix
     /// epoch); only used to split step time into waiting and communication.
@@ -312,6 +319,7 @@ fn body_bytes(body: &Body, out: &mut Vec<u8>) {
             out.extend_from_slice(&a.member.to_le_bytes());
             out.extend_from_slice(&a.payload_hash);
             out.extend_from_slice(&a.momentum_hash);
+            out.extend_from_slice(&a.basis);
             out.extend_from_slice(&a.len.to_le_bytes());
             out.extend_from_slice(&a.produced_us.to_le_bytes());
         }
@@ -440,6 +448,7 @@ fn parse_body(r: &mut Reader) -> Result<Body, cohort_program::codec::CodecError>
             member: r.u32()?,
             payload_hash: r.array()?,
             momentum_hash: r.array()?,
+            basis: r.array()?,
             len: r.u32()?,
             produced_us: r.u64()?,
         }),
@@ -970,6 +979,7 @@ mod tests {
                 member: 1,
                 payload_hash: [9; 32],
                 momentum_hash: [8; 32],
+                basis: [5; 32],
                 len: 600,
                 produced_us: 12,
             }),

@@ -387,6 +387,8 @@ pub fn simulate(cfg: &SimConfig, free_network: bool) -> SimResult {
         member,
         payload_hash: hash_of(step, member),
         momentum_hash: [0; 32],
+        // The state the simulated trainer reached before step - 1.
+        basis: [step.saturating_sub(1) as u8; 32],
         len: cfg.payload_bytes as u32,
         produced_us: 0,
     };

@@ -405,6 +405,8 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
         member,
         payload_hash: hash_of(step, member),
         momentum_hash: [0; 32],
+        // The state the simulated trainer reached before step - 1.
+        basis: [step.saturating_sub(1) as u8; 32],
         len: base.payload_bytes as u32,
         produced_us: 0,
     };

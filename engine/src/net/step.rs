@@ -155,6 +155,9 @@ impl Equivocation {
 struct StepState {
     opened: Option<Duration>,
     announced: BTreeMap<u32, [u8; 32]>,
+    /// What each member's (first) announcement committed to beside its
+    /// payload: its momentum's hash and the state it computed on.
+    committed: BTreeMap<u32, Committed>,
     /// Members that announced two contributions for this step.
     equivocated: BTreeSet<u32>,
     manifest: Option<Manifest>,
@@ -182,6 +185,15 @@ impl StepState {
             .min_by_key(|m| m.rank())
             .cloned()
     }
+}
+
+/// What an announcement commits to beside the payload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Committed {
+    /// The hash of the author's momentum before the step (for audits).
+    pub momentum: [u8; 32],
+    /// The state the contribution was computed on.
+    pub basis: [u8; 32],
 }
 
 #[derive(Debug)]
@@ -444,6 +456,13 @@ impl StepMachine {
             None => {}
         }
         st.announced.insert(a.member, a.payload_hash);
+        st.committed.insert(
+            a.member,
+            Committed {
+                momentum: a.momentum_hash,
+                basis: a.basis,
+            },
+        );
         st.last_produced_us = st.last_produced_us.max(a.produced_us);
         self.on_alive(now, a.member);
         if self
@@ -455,6 +474,24 @@ impl StepMachine {
         }
         self.want(a.payload_hash, a.step, a.member);
         Verdict::Accepted
+    }
+
+    /// What `member` committed to beside `payload` in its announcement of
+    /// `step`, if this node holds that announcement and no other.
+    pub fn committed(&self, step: u32, member: u32, payload: &[u8; 32]) -> Option<Committed> {
+        let st = self.steps.get(&step)?;
+        if st.equivocated.contains(&member) || st.announced.get(&member) != Some(payload) {
+            return None;
+        }
+        st.committed.get(&member).copied()
+    }
+
+    /// The state step `step`'s contributions are computed on (pipelining:
+    /// the state before step `step - 1`'s update), once this node reached
+    /// it. None for a run's first step, whose contributions are computed
+    /// on its starting state like the next step's.
+    pub fn basis_of(&self, step: u32) -> Option<[u8; 32]> {
+        self.state_hashes.get(&step.checked_sub(1)?).copied()
     }
 
     /// Whether listing `listed` under `member` at `step` is the leader's
@@ -1166,10 +1203,19 @@ impl StepMachine {
             if !due {
                 continue;
             }
+            // Only contributions computed on the step's state: one computed
+            // on an abandoned history (its author rewound since) would fail
+            // an honest author's audit, and one claiming another state
+            // would escape its own (the sharded exchange's witnesses judge
+            // by the announced basis; see `node::audits`).
+            let basis = self.basis_of(step);
             let held: Vec<(u32, [u8; 32])> = st
                 .announced
                 .iter()
                 .filter(|(m, h)| self.held.contains_key(*h) && !self.slashed.contains(*m))
+                .filter(|(m, _)| {
+                    basis.is_none_or(|b| st.committed.get(m).map(|c| c.basis) == Some(b))
+                })
                 .map(|(m, h)| (*m, *h))
                 .collect();
             let Some(parent) = self.chain_before(step) else {
@@ -1326,6 +1372,7 @@ mod tests {
             member,
             payload_hash: [(step * 16 + member) as u8; 32],
             momentum_hash: [0; 32],
+            basis: [step.saturating_sub(1) as u8; 32],
             len: 10,
             produced_us: 0,
         }
@@ -1384,6 +1431,49 @@ mod tests {
         assert!(applied.iter().all(|m| **m == *applied[0]));
         assert_eq!(applied[0].entries.len(), 4);
         assert_eq!(applied[0].leader, ms[0].leader(0, 0));
+    }
+
+    #[test]
+    fn a_leader_lists_no_contribution_computed_on_a_state_other_than_the_steps() {
+        let mut ms = machines(3);
+        run_step(&mut ms, 0, &[0, 1, 2], Duration::ZERO);
+        // Step 1's contributions are computed on the state before step 0
+        // ([0; 32] here). Member 2 announces one computed on another
+        // state: an abandoned history's, or a lie to escape its audit.
+        let now = Duration::from_secs(1);
+        for m in ms.iter_mut() {
+            m.on_applied(1, [1; 32]);
+        }
+        let mut other = announce(1, 2);
+        other.basis = [9; 32];
+        for (i, m) in ms.iter_mut().enumerate() {
+            for a in [announce(1, 0), announce(1, 1), other.clone()] {
+                if a.member == i as u32 {
+                    m.on_local(now, &a);
+                } else {
+                    m.on_announce(now, &a);
+                    m.on_payload(now, a.payload_hash);
+                }
+            }
+        }
+        assert_eq!(ms[0].basis_of(1), Some([0; 32]));
+        assert_eq!(ms[0].basis_of(0), None, "a run's first step has none");
+        let c = ms[0].committed(1, 2, &other.payload_hash).unwrap();
+        assert_eq!((c.basis, c.momentum), ([9; 32], [0; 32]));
+        assert_eq!(ms[0].committed(1, 2, &[0; 32]), None, "another payload");
+        let late = now + Timing::default().collect * 4;
+        let leader = ms[0].leader(1, 0) as usize;
+        let published: Vec<Manifest> = ms[leader]
+            .poll(late)
+            .into_iter()
+            .filter_map(|a| match a {
+                Action::Publish(m) => Some(m),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(published.len(), 1, "{published:?}");
+        let listed: Vec<u32> = published[0].entries.iter().map(|e| e.0).collect();
+        assert_eq!(listed, vec![0, 1]);
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! manifests the network task hands it, and runs this witness's audits.
 
 use super::events::{AuditReport, Credits, NodeConfig, NodeEvent, StepTimes};
-use super::guard::{Guard, Revealed, Target};
+use super::guard::{Announced, Guard, Revealed, Sample, Target};
 use super::msg::{self, Announce, Manifest};
 use crate::adversary::{self, Attack, Mode};
 use crate::audit;
@@ -38,6 +38,20 @@ pub(crate) enum ToTrainer {
         member: u32,
         outcome: Revealed,
     },
+    /// A member's payload of `step`, assembled from its slices for an audit
+    /// on the sharded exchange (None: they could not all be fetched).
+    Sent {
+        step: u32,
+        member: u32,
+        payload: Option<Payload>,
+    },
+    /// A member's slice a witness sampled to screen its contribution
+    /// (None: nobody served it).
+    Sampled {
+        step: u32,
+        member: u32,
+        slice: Option<Vec<bool>>,
+    },
     /// A member was slashed: it no longer audits anyone.
     Slashed(u32),
     /// Auditor `by`'s coin drew `member`'s step-`step` contribution and its
@@ -55,7 +69,12 @@ pub(crate) enum ToTrainer {
 /// exchange, `net::exchange`).
 pub(crate) enum Inputs {
     Payloads(Vec<Vec<u8>>),
-    Sums(Vec<Vec<i32>>),
+    /// The sums, and the announcements this node heard of the listed
+    /// members, with the state each was computed on (for audits).
+    Sums {
+        sums: Vec<Vec<i32>>,
+        announced: Vec<(Announced, [u8; 32])>,
+    },
 }
 
 pub(crate) enum FromTrainer {
@@ -76,6 +95,12 @@ pub(crate) enum FromTrainer {
     AuditTargets {
         step: u32,
         targets: Vec<Target>,
+    },
+    /// Slices of `step` this witness screens contributions by (the sharded
+    /// exchange's screen): fetch them.
+    Samples {
+        step: u32,
+        samples: Vec<Sample>,
     },
     /// An audit drawn at `step` of `member` is decided: its report, or
     /// None when there was nothing to decide (the member was unreachable,
@@ -452,17 +477,37 @@ pub(crate) fn train_loop(
         })?;
         Ok((hash, basis, credits))
     };
+    let report = |decided: Vec<super::guard::Decided>| {
+        for (step, member, report) in decided {
+            send(FromTrainer::AuditDone {
+                step,
+                member,
+                report,
+            })?;
+        }
+        Ok::<(), String>(())
+    };
     let audit =
         |trainer: &mut Trainer, guard: &mut Guard, step: u32, member: u32, outcome: Revealed| {
-            for (step, member, report) in guard.revealed(trainer, &cfg, step, member, outcome)? {
-                send(FromTrainer::AuditDone {
-                    step,
-                    member,
-                    report,
-                })?;
-            }
-            Ok::<(), String>(())
+            report(guard.revealed(trainer, &cfg, step, member, outcome)?)
         };
+    let sent = |trainer: &mut Trainer,
+                guard: &mut Guard,
+                step: u32,
+                member: u32,
+                payload: Option<Payload>| {
+        report(guard.sent(trainer, &cfg, step, member, payload)?)
+    };
+    // A sampled slice the screen flags opens an audit.
+    let sampled = |guard: &mut Guard, step: u32, member: u32, slice: Option<Vec<bool>>| {
+        if let Some(t) = guard.sampled(step, member, slice) {
+            send(FromTrainer::AuditTargets {
+                step,
+                targets: vec![t],
+            })?;
+        }
+        Ok::<(), String>(())
+    };
     // Another auditor's drawn audit failed: this one runs it too.
     let confirm = |guard: &mut Guard, step: u32, member: u32, by: u32, coin: [u8; 64]| {
         if let Some(t) = guard.confirm(step, member, by, coin) {
@@ -511,6 +556,7 @@ pub(crate) fn train_loop(
                     member: cfg.me,
                     payload_hash: *blake3::hash(&bytes).as_bytes(),
                     momentum_hash: c.momentum_hash,
+                    basis: c.basis,
                     len: bytes.len() as u32,
                     produced_us: now_us(),
                 };
@@ -551,6 +597,16 @@ pub(crate) fn train_loop(
                         member,
                         outcome,
                     } => audit(&mut trainer, &mut guard, step, member, outcome)?,
+                    ToTrainer::Sent {
+                        step,
+                        member,
+                        payload,
+                    } => sent(&mut trainer, &mut guard, step, member, payload)?,
+                    ToTrainer::Sampled {
+                        step,
+                        member,
+                        slice,
+                    } => sampled(&mut guard, step, member, slice)?,
                     ToTrainer::Slashed(m) => guard.policy.slash(m),
                     ToTrainer::Confirm {
                         step,
@@ -633,9 +689,10 @@ pub(crate) fn train_loop(
                 }
                 // Every listed member counts once: the sums are the
                 // members' slices, checked against the roots they signed
-                // (the screen and audits need whole payloads, which no
-                // node of a sharded exchange holds).
-                Inputs::Sums(sums) => {
+                // (the whole-payload screen needs what no node of a sharded
+                // exchange holds). A witness screens and audits those
+                // computed on this state (`Guard::draw_sharded`).
+                Inputs::Sums { sums, announced } => {
                     let Some(shards) = &shards else {
                         return Err("sums for a node on the all-to-all exchange".into());
                     };
@@ -643,7 +700,21 @@ pub(crate) fn train_loop(
                         .apply_sums(shards, &sums)
                         .map_err(|e| e.to_string())?;
                     let listed: Vec<u32> = manifest.entries.iter().map(|e| e.0).collect();
-                    (listed, Vec::new())
+                    let expected = basis.expected(&current_hash);
+                    let auditable: Vec<Announced> = announced
+                        .into_iter()
+                        .filter(|(_, b)| *b == expected)
+                        .map(|(a, _)| a)
+                        .collect();
+                    let (targets, samples) =
+                        guard.draw_sharded(manifest.step, &manifest.entries, &auditable, &sums);
+                    if !samples.is_empty() {
+                        send(FromTrainer::Samples {
+                            step: manifest.step,
+                            samples,
+                        })?;
+                    }
+                    (listed, targets)
                 }
             };
             guard.remember(&trainer);
@@ -707,6 +778,16 @@ pub(crate) fn train_loop(
                     member,
                     outcome,
                 }) => audit(&mut trainer, &mut guard, step, member, outcome)?,
+                Ok(ToTrainer::Sent {
+                    step,
+                    member,
+                    payload,
+                }) => sent(&mut trainer, &mut guard, step, member, payload)?,
+                Ok(ToTrainer::Sampled {
+                    step,
+                    member,
+                    slice,
+                }) => sampled(&mut guard, step, member, slice)?,
                 Ok(ToTrainer::Confirm {
                     step,
                     member,

@@ -901,6 +901,14 @@ impl Net {
                     if let Some(prev) = t.previous {
                         self.fetch_momentum(step - 1, t.member, prev);
                     }
+                    for (s, root) in t.fetch {
+                        self.fetch_sent(s, t.member, root);
+                    }
+                }
+            }
+            FromTrainer::Samples { step, samples } => {
+                for s in samples {
+                    self.fetch_sample(step, s);
                 }
             }
             FromTrainer::AuditDone {

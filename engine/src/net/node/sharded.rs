@@ -11,7 +11,9 @@
 use super::gossip::acceptance;
 use super::*;
 use crate::compress::Layout;
+use crate::compress::Payload;
 use crate::net::exchange::{self, Action as XAction, Exchange, ManifestId, Plan};
+use crate::net::guard::{Announced, Sample};
 use crate::net::msg::{Announce, Slice, SumHash, Withheld};
 use crate::shard::{self, Shard};
 
@@ -30,6 +32,18 @@ pub(super) enum Why {
     Recompute,
     /// To check a seat's claim that nobody serves it.
     Probe,
+    /// To audit the member: its whole payload, a slice at a time.
+    Audit,
+    /// To screen the member's contribution by one slice.
+    Sample,
+}
+
+/// A member's payload being fetched as slices for an audit: the root it
+/// signed, the slices in so far, and how many sources each was asked of.
+struct Gather {
+    root: [u8; 32],
+    got: Vec<Option<Vec<bool>>>,
+    tried: Vec<usize>,
 }
 
 /// A signed sum hash: (step, shard, aggregator, manifest, hash).
@@ -89,6 +103,11 @@ pub(super) struct Sharded {
     /// Per step: the manifest the exchange sums, and its listed members.
     manifests: BTreeMap<u32, (ManifestId, Vec<u32>)>,
     to_apply: BTreeMap<u32, ToApply>,
+    /// Payloads fetched for audits: (step, member).
+    gathers: BTreeMap<(u32, u32), Gather>,
+    /// Slices fetched for the screen: (step, member) → the sample, and the
+    /// sources asked so far.
+    samples: BTreeMap<(u32, u32), (Sample, usize)>,
 }
 
 /// What became of an accusation on the false-sum ground.
@@ -150,6 +169,8 @@ impl Sharded {
             pending: BTreeMap::new(),
             manifests: BTreeMap::new(),
             to_apply: BTreeMap::new(),
+            gathers: BTreeMap::new(),
+            samples: BTreeMap::new(),
         })
     }
 
@@ -171,6 +192,8 @@ impl Sharded {
         self.pending = self.pending.split_off(&(step, 0, 0, [0; 32], [0; 32]));
         self.manifests = self.manifests.split_off(&step);
         self.to_apply = self.to_apply.split_off(&step);
+        self.gathers = self.gathers.split_off(&(step, 0));
+        self.samples = self.samples.split_off(&(step, 0));
     }
 
     /// `member`'s slice of `shard` at `step`, if this node holds it.
@@ -195,7 +218,44 @@ impl Sharded {
             }
             Why::Seat => self.ex.on_slice_failed(now, step, shard, member),
             Why::Probe => self.ex.on_probe_failed(now, step, shard, member),
+            // Handled before the exchange sees it (`on_audit_slice`,
+            // `on_sample`).
+            Why::Audit | Why::Sample => {}
         }
+    }
+
+    /// Whether `slice` is the slice of `shard` under `root`.
+    fn proves(&self, shard: u32, slice: &Slice, root: &[u8; 32]) -> bool {
+        self.shards.get(shard as usize).map(|s| s.positions) == Some(slice.signs.len())
+            && slice.proves(root, self.shards.len(), shard as usize)
+    }
+
+    /// Who may hold `member`'s slice of `shard`: the member, then the
+    /// shard's seats (never this node).
+    fn sources(&self, me: u32, step: u32, shard: u32, member: u32) -> Vec<u32> {
+        let seats = self
+            .seats
+            .get(&step)
+            .and_then(|s| s.get(shard as usize))
+            .cloned()
+            .unwrap_or_default();
+        let mut out = vec![member];
+        out.extend(seats.into_iter().filter(|&m| m != member));
+        out.retain(|&m| m != me);
+        out
+    }
+
+    /// The audited payload once every slice is in: None while some are
+    /// missing, Some(None) if they do not make a payload.
+    fn gathered(&mut self, job: &[u8; 32], step: u32, member: u32) -> Option<Option<Payload>> {
+        let g = self.gathers.get(&(step, member))?;
+        if g.got.iter().any(Option::is_none) {
+            return None;
+        }
+        let g = self.gathers.remove(&(step, member))?;
+        let slices: Vec<Vec<bool>> = g.got.into_iter().flatten().collect();
+        let draw = crate::compress::Draw::for_step(job, step);
+        Some(shard::assemble(&self.shards, &self.layout, &slices, draw).ok())
     }
 
     /// Sums a recomputation once every slice is in (a sum that fails is a
@@ -364,6 +424,201 @@ impl Net {
         .is_some()
     }
 
+    /// Fetches `member`'s payload of `step` as slices for an audit, checked
+    /// against `root` (the one it signed, which the step listed). The
+    /// trainer gets it assembled, or None if some slice is served by
+    /// nobody: the member, then each of the shard's seats, asked once.
+    pub(super) fn fetch_sent(&mut self, step: u32, member: u32, root: [u8; 32]) {
+        let me = self.cfg.me;
+        let done = self.with_sharded(|net, sh| {
+            if sh.gathers.contains_key(&(step, member)) {
+                return None;
+            }
+            if !net.open_step(sh, step) {
+                return Some(None);
+            }
+            let n = sh.shards.len();
+            let mut g = Gather {
+                root,
+                got: vec![None; n],
+                tried: vec![0; n],
+            };
+            for s in 0..n as u32 {
+                g.got[s as usize] = sh
+                    .slice(me, step, s, member)
+                    .filter(|x| sh.proves(s, x, &root))
+                    .map(|x| x.signs);
+            }
+            let missing: Vec<u32> = (0..n as u32)
+                .filter(|&s| g.got[s as usize].is_none())
+                .collect();
+            sh.gathers.insert((step, member), g);
+            for s in missing {
+                if !net.ask_audit_slice(sh, step, s, member) {
+                    sh.gathers.remove(&(step, member));
+                    return Some(None);
+                }
+            }
+            sh.gathered(&net.cfg.job, step, member)
+        });
+        if let Some(Some(payload)) = done {
+            let _ = self.to_trainer.send(ToTrainer::Sent {
+                step,
+                member,
+                payload,
+            });
+        }
+    }
+
+    /// Asks the next source not yet asked for `member`'s slice of `shard`
+    /// for an audit; false when every source was asked.
+    fn ask_audit_slice(&mut self, sh: &mut Sharded, step: u32, shard: u32, member: u32) -> bool {
+        let sources = sh.sources(self.cfg.me, step, shard, member);
+        loop {
+            let Some(g) = sh.gathers.get_mut(&(step, member)) else {
+                return false;
+            };
+            let Some(&from) = sources.get(g.tried[shard as usize]) else {
+                return false;
+            };
+            g.tried[shard as usize] += 1;
+            let req = Request::Slice {
+                step,
+                shard,
+                member,
+            };
+            let what = Pending::Slice {
+                step,
+                shard,
+                member,
+                why: Why::Audit,
+            };
+            if self.ask(from, req, what) {
+                return true;
+            }
+        }
+    }
+
+    /// Fetches the slice a witness screens a contribution by (see
+    /// `Guard::draw_sharded`): held here, or asked of the member, then of
+    /// each of the shard's seats.
+    pub(super) fn fetch_sample(&mut self, step: u32, s: Sample) {
+        let me = self.cfg.me;
+        let held = self.with_sharded(|net, sh| {
+            if !net.open_step(sh, step) {
+                return Some(None);
+            }
+            if let Some(x) = sh
+                .slice(me, step, s.shard, s.member)
+                .filter(|x| sh.proves(s.shard, x, &s.root))
+            {
+                return Some(Some(x.signs));
+            }
+            sh.samples.insert((step, s.member), (s, 0));
+            None
+        });
+        match held.flatten() {
+            Some(found) => self.sampled(step, s.member, found),
+            None => self.ask_sample(step, s.member),
+        }
+    }
+
+    /// Tells the trainer what became of a sample.
+    fn sampled(&mut self, step: u32, member: u32, slice: Option<Vec<bool>>) {
+        if let Some(sh) = self.sharded.as_mut() {
+            sh.samples.remove(&(step, member));
+        }
+        let _ = self.to_trainer.send(ToTrainer::Sampled {
+            step,
+            member,
+            slice,
+        });
+    }
+
+    /// Asks the next source for a sample's slice; the trainer hears None
+    /// once every source was asked in vain.
+    fn ask_sample(&mut self, step: u32, member: u32) {
+        let me = self.cfg.me;
+        loop {
+            let next = self.sharded.as_mut().and_then(|sh| {
+                let (s, tried) = *sh.samples.get(&(step, member))?;
+                let from = sh.sources(me, step, s.shard, member).get(tried).copied();
+                if let Some(e) = sh.samples.get_mut(&(step, member)) {
+                    e.1 += 1;
+                }
+                Some((s, from))
+            });
+            let Some((s, from)) = next else {
+                return;
+            };
+            let Some(from) = from else {
+                self.sampled(step, member, None);
+                return;
+            };
+            let req = Request::Slice {
+                step,
+                shard: s.shard,
+                member,
+            };
+            let what = Pending::Slice {
+                step,
+                shard: s.shard,
+                member,
+                why: Why::Sample,
+            };
+            if self.ask(from, req, what) {
+                return;
+            }
+        }
+    }
+
+    /// An answer (or a failure) to a sample's slice request.
+    fn on_sample(&mut self, step: u32, member: u32, slice: Option<Slice>) {
+        let ok = self.sharded.as_ref().and_then(|sh| {
+            let (s, _) = sh.samples.get(&(step, member))?;
+            Some(slice.filter(|x| sh.proves(s.shard, x, &s.root)))
+        });
+        match ok {
+            None => {}
+            Some(Some(x)) => self.sampled(step, member, Some(x.signs)),
+            Some(None) => self.ask_sample(step, member),
+        }
+    }
+
+    /// An answer (or a failure: None) to a slice request for an audit.
+    fn on_audit_slice(&mut self, step: u32, shard: u32, member: u32, slice: Option<Slice>) {
+        let done = self.with_sharded(|net, sh| {
+            let root = sh.gathers.get(&(step, member))?.root;
+            match slice.filter(|x| sh.proves(shard, x, &root)) {
+                Some(x) => {
+                    if let Some(g) = sh.gathers.get_mut(&(step, member)) {
+                        g.got[shard as usize] = Some(x.signs);
+                    }
+                }
+                None if net.ask_audit_slice(sh, step, shard, member) => return None,
+                None => {
+                    tracing::debug!(
+                        me = net.cfg.me,
+                        step,
+                        shard,
+                        member,
+                        "no source serves an audited slice"
+                    );
+                    sh.gathers.remove(&(step, member));
+                    return Some(None);
+                }
+            }
+            sh.gathered(&net.cfg.job, step, member)
+        });
+        if let Some(Some(payload)) = done {
+            let _ = self.to_trainer.send(ToTrainer::Sent {
+                step,
+                member,
+                payload,
+            });
+        }
+    }
+
     /// A member's announcement was taken by the step machine: its root is
     /// what its slices are checked against.
     pub(super) fn sharded_announce(&mut self, a: &Announce) {
@@ -461,9 +716,28 @@ impl Net {
                 if let Some((_, raw)) = net.ranked_raw.get(&t.manifest.id()) {
                     net.manifests_raw.insert(step, raw.clone());
                 }
+                // A witness's trainer draws its audits from the listed
+                // members' announcements (those this node heard).
+                let announced = if net.policy.witnesses.contains(&net.cfg.me) {
+                    t.manifest
+                        .entries
+                        .iter()
+                        .filter_map(|(m, root)| {
+                            let c = net.machine.committed(step, *m, root)?;
+                            let a = Announced {
+                                member: *m,
+                                momentum: c.momentum,
+                                root: *root,
+                            };
+                            Some((a, c.basis))
+                        })
+                        .collect()
+                } else {
+                    Vec::new()
+                };
                 let _ = net.to_trainer.send(ToTrainer::Apply {
                     manifest: t.manifest,
-                    inputs: Inputs::Sums(sums),
+                    inputs: Inputs::Sums { sums, announced },
                     last_produced_us: t.last_produced_us,
                     same_history: t.same_history,
                 });
@@ -848,6 +1122,25 @@ impl Net {
 
     /// An answer to one of the exchange's requests.
     pub(super) fn on_sharded_response(&mut self, p: Pending, resp: Response) {
+        if let Pending::Slice {
+            step,
+            shard,
+            member,
+            why: why @ (Why::Audit | Why::Sample),
+        } = p
+        {
+            let slice = match resp {
+                Response::Slice(s) => Some(s),
+                _ => None,
+            };
+            if why == Why::Audit {
+                self.on_audit_slice(step, shard, member, slice);
+            } else {
+                self.on_sample(step, member, slice);
+            }
+            self.drive();
+            return;
+        }
         let now = self.now();
         let me = self.cfg.me;
         self.with_sharded(|_, sh| match (p, resp) {
@@ -1128,10 +1421,20 @@ impl Net {
         }
     }
 
-    /// Forgets the exchange's steps the node no longer keeps.
+    /// Forgets the exchange's steps the node no longer keeps; an audit's
+    /// payload still being fetched for one of them is given up.
     pub(super) fn prune_sharded(&mut self, floor: u32) {
         if let Some(sh) = self.sharded.as_mut() {
+            let dropped: Vec<(u32, u32)> =
+                sh.gathers.range(..(floor, 0)).map(|(k, _)| *k).collect();
             sh.forget_before(floor);
+            for (step, member) in dropped {
+                let _ = self.to_trainer.send(ToTrainer::Sent {
+                    step,
+                    member,
+                    payload: None,
+                });
+            }
         }
     }
 }
