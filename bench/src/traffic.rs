@@ -77,6 +77,9 @@ fn run_once(s: &Settings, sharded: bool) -> Result<Run> {
         if sharded {
             c.args(["--shards", &s.shards.to_string()])
                 .args(["--redundancy", &s.redundancy.to_string()]);
+        } else {
+            // Whatever the member count would choose.
+            c.args(["--shards", "0"]);
         }
         peers::dial_others(&mut c, &ports, i)?;
         let mut child = c.spawn().context("spawning a member process")?;

@@ -129,6 +129,41 @@ mod tests {
     }
 
     #[test]
+    fn a_job_of_ten_members_or_more_runs_the_sharded_exchange_with_a_plan_its_recipe_can_cut() {
+        use crate::net::exchange::{plan_for, sharded_for};
+        // 9 members download 8 payloads a step all-to-all: three plus an
+        // aggregate of 5 bits. 10 download 9: over the bound.
+        assert!(!sharded_for(3) && !sharded_for(9));
+        assert!(sharded_for(10) && sharded_for(48) && sharded_for(1000));
+        let mut s = spec();
+        s.set_arch("gpt l2 d128 h4 s64");
+        s.model_hash = ModelConfig::parse("gpt l2 d128 h4 s64")
+            .unwrap()
+            .config_hash();
+        let t = for_job(&s).unwrap();
+        assert_eq!(plan_for(9, &t), None);
+        let shapes: Vec<Vec<usize>> = t.model.shapes().into_iter().map(|(_, s)| s).collect();
+        let layout = crate::compress::Layout::new(&shapes, &t.compress);
+        let chunks: usize = layout.dcts.iter().map(|d| d.tiling.chunks()).sum();
+        for members in [10, 48, 1000] {
+            let plan = plan_for(members, &t).unwrap();
+            assert_eq!(plan.shards, members.min(chunks), "{members} members");
+            assert_eq!(plan.redundancy, 2);
+            let shards = crate::shard::split(&layout, plan.shards).unwrap();
+            assert!(
+                shards
+                    .iter()
+                    .all(|x| x.positions <= crate::net::msg::MAX_SLICE_SIGNS)
+            );
+        }
+        // A top-k rule's members name positions of their own: no shard can
+        // sum them.
+        let mut topk = t;
+        topk.compress.select = Select::TopK;
+        assert_eq!(plan_for(48, &topk), None);
+    }
+
+    #[test]
     fn a_job_trains_with_the_shared_rule_at_over_a_thousand_times_fewer_bytes_than_fp32() {
         let mut s = spec();
         s.set_arch("gpt l2 d128 h4 s64");

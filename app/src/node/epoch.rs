@@ -72,6 +72,8 @@ impl EpochRun<'_> {
             .map(|i| i as u32)
             .collect();
         let checkpoint = self.dir.join("checkpoint.bin");
+        // The one rule for every job: all-to-all below 10 members.
+        let exchange = cohort_engine::net::exchange::plan_for(self.members.len(), &train);
         Ok(NodeConfig {
             train,
             job: job_bytes,
@@ -107,11 +109,7 @@ impl EpochRun<'_> {
                 cosigner: None,
             },
             spill_above: p2p::SPILL_ABOVE,
-            // The app's jobs run the all-to-all exchange: nothing chooses
-            // the sharded one by member count yet, and its screen only
-            // flags a payload for audit, never takes its vote away (issue
-            // 18).
-            exchange: None,
+            exchange,
         })
     }
 

@@ -88,6 +88,64 @@ pub struct Plan {
     pub timing: Timing,
 }
 
+impl Plan {
+    /// Seats per shard when a job's exchange is chosen by [`plan_for`]:
+    /// two, so a lying seat disagrees with an honest one.
+    pub const REDUNDANCY: usize = 2;
+}
+
+/// The aggregate a member downloads per shard under the sharded exchange,
+/// in payloads: an exact vote sum of `members` one-vote members takes
+/// ⌈log2(2·members + 1)⌉ bits a position where a payload takes one.
+fn aggregate_payloads(members: usize) -> usize {
+    (usize::BITS - (2 * members).leading_zeros()) as usize
+}
+
+/// Whether a job of `members` runs the sharded exchange: once the
+/// all-to-all exchange's download, every other member's payload a step,
+/// exceeds the bound of three payloads plus one aggregate, which
+/// the sharded exchange keeps whatever the member count. Below that the
+/// all-to-all exchange stays: it moves no more, and its screen, which
+/// reads every payload, takes a flagged payload's votes away (the sharded
+/// screen only flags it for audit). From 10 members on.
+pub fn sharded_for(members: usize) -> bool {
+    members.saturating_sub(1) > 3 + aggregate_payloads(members)
+}
+
+/// The one rule that chooses a job's exchange by its member count, for the
+/// app and `cohort-peer` alike: None (all-to-all) below [`sharded_for`] or
+/// where the recipe's rule is not the shared one (members of a top-k rule
+/// name positions of their own, which no shard can sum); otherwise one
+/// shard per member, or more where a shard would exceed what one slice
+/// carries ([`crate::net::msg::MAX_SLICE_SIGNS`]), two seats each.
+pub fn plan_for(members: usize, train: &crate::trainer::TrainConfig) -> Option<Plan> {
+    if !sharded_for(members) || train.compress.select != crate::compress::Select::Shared {
+        return None;
+    }
+    let shapes: Vec<Vec<usize>> = train.model.shapes().into_iter().map(|(_, s)| s).collect();
+    let layout = crate::compress::Layout::new(&shapes, &train.compress);
+    let chunks: usize = layout.dcts.iter().map(|d| d.tiling.chunks()).sum();
+    let positions: usize = (0..layout.dcts.len())
+        .map(|p| layout.dcts[p].tiling.chunks() * layout.topk[p])
+        .sum();
+    let least = positions.div_ceil(crate::net::msg::MAX_SLICE_SIGNS);
+    (members.max(least).min(chunks)..=chunks)
+        .find(|&n| {
+            crate::shard::split(&layout, n).is_ok_and(|shards| {
+                shards
+                    .iter()
+                    .all(|s| s.positions <= crate::net::msg::MAX_SLICE_SIGNS)
+            })
+        })
+        .map(|shards| Plan {
+            shards,
+            redundancy: Plan::REDUNDANCY,
+            spots: 1,
+            backups: 4,
+            timing: Timing::default(),
+        })
+}
+
 /// Per shard, the members seated on it.
 pub type Seats = Vec<Vec<u32>>;
 

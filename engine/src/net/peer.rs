@@ -46,7 +46,8 @@ pub const USAGE: &str = "usage: cohort-peer --index I --members N [options]
   --adversary MODE    attack (tests only): sign-flip, noise, scale, alie, ipm,
                       free-rider, copycat, stale, forged-momentum, silent-reveal,
                       lying-leader, stalling, lying-aggregator
-  --shards S          run the sharded exchange with S shards (0: all-to-all) [0]
+  --shards S          run the sharded exchange with S shards (0: all-to-all)
+                      [by member count: net::exchange::plan_for]
   --redundancy R      aggregators per shard (sharded exchange)  [2]
   --mdns              discover peers on the LAN
   --peer-id-of I      print member I's peer id and exit (I = relay: the relay's)
@@ -161,7 +162,7 @@ fn parse(args: &[String]) -> Result<(NodeConfig, BackendChoice), String> {
     let mut topk = None;
     let mut select = None;
     let mut spill_above = node::SPILL_ABOVE;
-    let (mut shards, mut redundancy) = (0usize, 2usize);
+    let (mut shards, mut redundancy) = (None::<usize>, 2usize);
     let mut backend = BackendChoice::Cpu;
     let mut defence = node::Defence::default();
     let mut it = args.iter();
@@ -196,7 +197,7 @@ fn parse(args: &[String]) -> Result<(NodeConfig, BackendChoice), String> {
                 })
             }
             "--spill-above" => spill_above = num(flag, value()?)?,
-            "--shards" => shards = num(flag, value()?)?,
+            "--shards" => shards = Some(num(flag, value()?)?),
             "--redundancy" => redundancy = num(flag, value()?)?,
             "--rate-mbit" => mbit = num(flag, value()?)?,
             "--rtt-ms" => rtt = num(flag, value()?)?,
@@ -270,14 +271,18 @@ fn parse(args: &[String]) -> Result<(NodeConfig, BackendChoice), String> {
             msg::MAX_PAYLOAD
         ));
     }
-    let exchange = (shards > 0).then(|| crate::net::exchange::Plan {
-        shards,
-        redundancy,
-        spots: 1,
-        backups: 4,
-        timing: crate::net::exchange::Timing::default(),
-    });
-    if shards > 0 && (redundancy == 0 || redundancy > members) {
+    let exchange = match shards {
+        None => crate::net::exchange::plan_for(members, &train),
+        Some(0) => None,
+        Some(shards) => Some(crate::net::exchange::Plan {
+            shards,
+            redundancy,
+            spots: 1,
+            backups: 4,
+            timing: crate::net::exchange::Timing::default(),
+        }),
+    };
+    if exchange.is_some() && (redundancy == 0 || redundancy > members) {
         return Err(format!(
             "--redundancy {redundancy}: expected 1 to {members} (the members)"
         ));
