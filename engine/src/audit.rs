@@ -432,8 +432,8 @@ pub fn slice_agreement(signs: &[bool], sums: &[i32], listed: usize) -> Option<f3
         .iter()
         .zip(sums)
         .map(|(neg, sum)| {
-            let own = if *neg { -1 } else { 1 };
-            match ((sum - own) * own).signum() {
+            let own: i64 = if *neg { -1 } else { 1 };
+            match ((i64::from(*sum) - own) * own).signum() {
                 1 => 2,
                 0 => 1,
                 _ => 0,

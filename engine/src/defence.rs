@@ -33,6 +33,11 @@ use std::collections::{BTreeMap, BTreeSet};
 pub enum Ground {
     /// Its audit of a contribution the screen flagged failed.
     Screened,
+    /// Its audit of a contribution of the sharded exchange failed, which
+    /// its author's slice of `shard` flagged (its signs go against that
+    /// shard's sums): this witness's own sample, or another auditor's that
+    /// it fetched and checked itself.
+    Sampled { shard: u32 },
     /// Its audit of a contribution a coin drew failed: auditor `by`'s
     /// signature over [`coin_message`], the proof of the draw (its own, or
     /// the one it confirmed).
@@ -59,7 +64,10 @@ pub enum Ground {
 impl Ground {
     /// An audit's ground (only an auditor of the contribution may accuse).
     pub fn is_audit(&self) -> bool {
-        matches!(self, Ground::Screened | Ground::Drawn { .. })
+        matches!(
+            self,
+            Ground::Screened | Ground::Sampled { .. } | Ground::Drawn { .. }
+        )
     }
 }
 

@@ -832,7 +832,7 @@ fn eight_processes_train_through_the_sharded_exchange_a_lying_aggregator_and_a_m
             if l.contains(r#""event":"accused""#) {
                 let ground = match field(&l, "member") {
                     Some("5") => "false_sum",
-                    Some("6") => "screened",
+                    Some("6") => "sampled",
                     _ => panic!("an honest member was accused: {l}"),
                 };
                 assert_eq!(field(&l, "ground"), Some(ground), "{l}");

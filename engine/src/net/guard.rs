@@ -89,11 +89,9 @@ pub(crate) struct Sample {
     pub(crate) root: [u8; 32],
 }
 
-/// A sample waiting for its slice: the shard's sums, the members the step
-/// listed, and the contribution it would audit.
+/// A sample waiting for its slice: the members the step listed, and the
+/// contribution it would audit.
 struct Sampling {
-    shard: u32,
-    sums: Vec<i32>,
     listed: usize,
     k: Commitment,
 }
@@ -169,10 +167,15 @@ pub(crate) struct Guard {
     origin: Option<u32>,
     /// Contributions drawn for audit, waiting for their momenta.
     awaiting: BTreeMap<(u32, u32), Awaited>,
-    /// Samples waiting for their slice (the sharded exchange's screen).
-    sampling: BTreeMap<(u32, u32), Sampling>,
+    /// Samples waiting for their slice (the sharded exchange's screen):
+    /// (step, member, shard).
+    sampling: BTreeMap<(u32, u32, u32), Sampling>,
     /// Roots listed per recent step (the sharded exchange's duplicates).
     roots: BTreeMap<u32, Vec<[u8; 32]>>,
+    /// Other auditors' sampled shards checked per contribution (step,
+    /// member): at most a quorum's worth, so an auditor cannot make this
+    /// one fetch every shard of an honest member's contribution.
+    confirmed: BTreeMap<(u32, u32), usize>,
     /// Audits opened, per (step, member): each is run once.
     opened: BTreeSet<(u32, u32)>,
     /// Contributions this witness audits if asked to confirm (recent
@@ -203,6 +206,7 @@ impl Guard {
             awaiting: BTreeMap::new(),
             sampling: BTreeMap::new(),
             roots: BTreeMap::new(),
+            confirmed: BTreeMap::new(),
             opened: BTreeSet::new(),
             kept: BTreeMap::new(),
             commitments: BTreeMap::new(),
@@ -231,8 +235,9 @@ impl Guard {
         // Anything kept past this step belongs to an abandoned history.
         self.weights_at.retain(|s, _| *s < t.step());
         self.awaiting.retain(|(s, _), _| *s < t.step());
-        self.sampling.retain(|(s, _), _| *s < t.step());
+        self.sampling.retain(|(s, _, _), _| *s < t.step());
         self.roots.retain(|s, _| *s < t.step());
+        self.confirmed.retain(|(s, _), _| *s < t.step());
         self.opened.retain(|(s, _)| *s < t.step());
         self.kept.retain(|s, _| *s < t.step());
         self.commitments.retain(|s, _| *s < t.step());
@@ -258,6 +263,7 @@ impl Guard {
             .awaiting
             .keys()
             .map(|(s, _)| *s)
+            .chain(self.sampling.keys().map(|(s, _, _)| *s))
             .chain(self.kept.keys().copied());
         pins(steps, self.origin)
     }
@@ -375,6 +381,16 @@ impl Guard {
             .collect();
         let listed: Vec<[u8; 32]> = entries.iter().map(|e| e.1).collect();
         self.roots.insert(step, listed.clone());
+        self.roots
+            .retain(|s, _| *s + audit::RECENT_STEPS > step && *s <= step);
+        self.sampling
+            .retain(|(s, _, _), _| *s + KEEP_WEIGHTS as u32 > step);
+        self.confirmed
+            .retain(|(s, _), _| *s + KEEP_WEIGHTS as u32 > step);
+        // Too few listed to judge by the others' votes: every auditor
+        // audits each of them instead, as on the all-to-all exchange (a
+        // leader could otherwise list only itself and a colluder).
+        let unjudged = listed.len() < audit::MIN_SCREENED;
         let (mut targets, mut samples) = (Vec::new(), Vec::new());
         for (member, k) in heard {
             if member == self.me || !self.policy.is_auditor(self.me, step, member) {
@@ -384,12 +400,14 @@ impl Guard {
             let copied =
                 earlier.contains(&root) || listed.iter().filter(|r| **r == root).count() > 1;
             let signer = &self.signer;
-            let duty = self.policy.duty(self.me, step, member, &root, copied, |m| {
-                signature(signer, m)
-            });
+            let duty = self
+                .policy
+                .duty(self.me, step, member, &root, copied || unjudged, |m| {
+                    signature(signer, m)
+                });
             let drawn = matches!(duty, Duty::Audit { .. });
             targets.extend(self.keep_and_open(step, member, k.clone(), duty, copied));
-            if drawn || sums.is_empty() || listed.len() < audit::MIN_SCREENED {
+            if drawn || sums.is_empty() {
                 continue;
             }
             let mut msg = b"cohort-sample-v1".to_vec();
@@ -400,10 +418,8 @@ impl Guard {
             let shard = (u64::from_le_bytes(pick.as_bytes()[..8].try_into().unwrap_or([0; 8]))
                 % sums.len() as u64) as u32;
             self.sampling.insert(
-                (step, member),
+                (step, member, shard),
                 Sampling {
-                    shard,
-                    sums: sums[shard as usize].clone(),
                     listed: listed.len(),
                     k,
                 },
@@ -417,27 +433,31 @@ impl Guard {
         (targets, samples)
     }
 
-    /// A sampled slice came in (None: nobody served it): a slice whose
-    /// signs go against the others' votes in its shard, read off the
-    /// shard's sums, flags the contribution as the whole-payload screen
-    /// would, and its audit opens as a flagged payload's (a refusal to
-    /// reveal fails it). The slice is the member's, proven under the root
-    /// it signed, and the sums are the step's: the flag is a fact any
-    /// holder of both can check, not this witness's say-so.
+    /// A sampled slice came in with its shard's accepted sums (None: the
+    /// network side got either not): a slice whose signs go against the
+    /// others' votes in its shard flags the contribution as the
+    /// whole-payload screen would, and its audit opens as a flagged
+    /// payload's (a refusal to reveal fails it). The slice is the member's,
+    /// proven under the root it signed, and the sums are the step's: the
+    /// flag is a fact any holder of both can check, not this witness's
+    /// say-so, and the accusation names the shard
+    /// ([`Guard::confirm_sample`]).
     pub(crate) fn sampled(
         &mut self,
         step: u32,
         member: u32,
-        slice: Option<Vec<bool>>,
+        shard: u32,
+        found: Option<(Vec<bool>, Vec<i32>)>,
     ) -> Option<Target> {
-        let s = self.sampling.remove(&(step, member))?;
-        let agreement = audit::slice_agreement(&slice?, &s.sums, s.listed)?;
+        let s = self.sampling.remove(&(step, member, shard))?;
+        let (slice, sums) = found?;
+        let agreement = audit::slice_agreement(&slice, &sums, s.listed)?;
         let flagged = agreement < self.policy.audit.screen_agreement;
         tracing::debug!(
             me = self.me,
             member,
             step,
-            shard = s.shard,
+            shard,
             agreement,
             flagged,
             "sampled a slice"
@@ -445,7 +465,39 @@ impl Guard {
         if !flagged {
             return None;
         }
-        self.open(step, member, s.k, Ground::Screened, true, true)
+        self.open(step, member, s.k, Ground::Sampled { shard }, true, true)
+    }
+
+    /// Another auditor of `member`'s step-`step` contribution accused it
+    /// on its slice of `shard`: this auditor fetches that slice and checks
+    /// the flag itself (each auditor samples a shard of its own, so a
+    /// cheater that corrupts a few shards would otherwise be flagged by one
+    /// auditor and never reach the quorum). Nothing is taken on the
+    /// accuser's word: an honest member's slice passes here as it did
+    /// everywhere.
+    pub(crate) fn confirm_sample(&mut self, step: u32, member: u32, shard: u32) -> Option<Sample> {
+        if !self.witness || self.opened.contains(&(step, member)) {
+            return None;
+        }
+        let k = self.kept.get(&step)?.get(&member)?.clone();
+        let Sent::Slices(root) = k.sent else {
+            return None;
+        };
+        let listed = self.roots.get(&step)?.len();
+        let count = self.confirmed.entry((step, member)).or_default();
+        if self.sampling.contains_key(&(step, member, shard))
+            || *count >= self.policy.audit.quorum.max(1)
+        {
+            return None;
+        }
+        *count += 1;
+        self.sampling
+            .insert((step, member, shard), Sampling { listed, k });
+        Some(Sample {
+            member,
+            shard,
+            root,
+        })
     }
 
     /// Remembers every listed member's commitment at `step` (what the

@@ -36,7 +36,8 @@ use libp2p::identity::ed25519;
 /// 6 (2026-12-06): an announcement names the state its contribution was
 /// computed on (`Announce::basis`): leaders list only contributions
 /// computed on the step's state, and witnesses of the sharded exchange,
-/// which never see the signed contribution, audit only those.
+/// which never see the signed contribution, audit only those; the ground
+/// `Ground::Sampled` (a sharded witness's screen by one slice).
 pub const VERSION: u8 = 6;
 const MAGIC: &[u8; 3] = b"CHN";
 const DOMAIN: &[u8] = b"cohort-net-v1";
@@ -353,6 +354,10 @@ fn body_bytes(body: &Body, out: &mut Vec<u8>) {
                 }
                 Ground::Equivocation => out.push(2),
                 Ground::ForgedEntry => out.push(3),
+                Ground::Sampled { shard } => {
+                    out.push(5);
+                    out.extend_from_slice(&shard.to_le_bytes());
+                }
                 Ground::FalseSum {
                     shard,
                     manifest,
@@ -513,6 +518,7 @@ fn parse_body(r: &mut Reader) -> Result<Body, cohort_program::codec::CodecError>
                     hash: r.array()?,
                     sig: r.array()?,
                 },
+                5 => Ground::Sampled { shard: r.u32()? },
                 _ => return Err(cohort_program::codec::CodecError),
             },
         }),

@@ -162,7 +162,7 @@ fn parse(args: &[String]) -> Result<(NodeConfig, BackendChoice), String> {
     let mut topk = None;
     let mut select = None;
     let mut spill_above = node::SPILL_ABOVE;
-    let (mut shards, mut redundancy) = (None::<usize>, 2usize);
+    let (mut shards, mut redundancy) = (None::<usize>, None::<usize>);
     let mut backend = BackendChoice::Cpu;
     let mut defence = node::Defence::default();
     let mut it = args.iter();
@@ -198,7 +198,7 @@ fn parse(args: &[String]) -> Result<(NodeConfig, BackendChoice), String> {
             }
             "--spill-above" => spill_above = num(flag, value()?)?,
             "--shards" => shards = Some(num(flag, value()?)?),
-            "--redundancy" => redundancy = num(flag, value()?)?,
+            "--redundancy" => redundancy = Some(num(flag, value()?)?),
             "--rate-mbit" => mbit = num(flag, value()?)?,
             "--rtt-ms" => rtt = num(flag, value()?)?,
             "--collect-ms" => timing.collect = Duration::from_millis(num(flag, value()?)?),
@@ -272,16 +272,22 @@ fn parse(args: &[String]) -> Result<(NodeConfig, BackendChoice), String> {
         ));
     }
     let exchange = match shards {
-        None => crate::net::exchange::plan_for(members, &train),
+        None => {
+            crate::net::exchange::plan_for(members, &train).map(|p| crate::net::exchange::Plan {
+                redundancy: redundancy.unwrap_or(p.redundancy),
+                ..p
+            })
+        }
         Some(0) => None,
         Some(shards) => Some(crate::net::exchange::Plan {
             shards,
-            redundancy,
+            redundancy: redundancy.unwrap_or(crate::net::exchange::Plan::REDUNDANCY),
             spots: 1,
             backups: 4,
             timing: crate::net::exchange::Timing::default(),
         }),
     };
+    let redundancy = exchange.map_or(1, |p| p.redundancy);
     if exchange.is_some() && (redundancy == 0 || redundancy > members) {
         return Err(format!(
             "--redundancy {redundancy}: expected 1 to {members} (the members)"
@@ -412,6 +418,7 @@ fn event_json(e: &NodeEvent) -> Option<String> {
         } => {
             let ground = match ground {
                 Ground::Screened => "screened",
+                Ground::Sampled { .. } => "sampled",
                 Ground::Drawn { .. } => "drawn",
                 Ground::Equivocation => "equivocation",
                 Ground::ForgedEntry => "forged_entry",

@@ -447,8 +447,16 @@ impl StepMachine {
         }
         let st = self.step_mut(a.step);
         st.opened.get_or_insert(now);
+        let committed = Committed {
+            momentum: a.momentum_hash,
+            basis: a.basis,
+        };
+        // The same payload under another momentum or state is another
+        // announcement too: it would split the witnesses over what to audit.
         match st.announced.get(&a.member) {
-            Some(h) if *h == a.payload_hash => return Verdict::Duplicate,
+            Some(h) if *h == a.payload_hash && st.committed.get(&a.member) == Some(&committed) => {
+                return Verdict::Duplicate;
+            }
             Some(_) => {
                 st.equivocated.insert(a.member);
                 return Verdict::Equivocation;
@@ -456,13 +464,7 @@ impl StepMachine {
             None => {}
         }
         st.announced.insert(a.member, a.payload_hash);
-        st.committed.insert(
-            a.member,
-            Committed {
-                momentum: a.momentum_hash,
-                basis: a.basis,
-            },
-        );
+        st.committed.insert(a.member, committed);
         st.last_produced_us = st.last_produced_us.max(a.produced_us);
         self.on_alive(now, a.member);
         if self
@@ -1216,6 +1218,10 @@ impl StepMachine {
                 .filter(|(m, _)| {
                     basis.is_none_or(|b| st.committed.get(m).map(|c| c.basis) == Some(b))
                 })
+                // An author that announced twice may have sent either
+                // anywhere: listed, it would be audited by some witnesses
+                // and not others (`committed` names neither).
+                .filter(|(m, _)| !st.equivocated.contains(*m))
                 .map(|(m, h)| (*m, *h))
                 .collect();
             let Some(parent) = self.chain_before(step) else {
@@ -1434,7 +1440,7 @@ mod tests {
     }
 
     #[test]
-    fn a_leader_lists_no_contribution_computed_on_a_state_other_than_the_steps() {
+    fn a_leader_lists_no_contribution_computed_on_another_state_nor_one_announced_twice() {
         let mut ms = machines(3);
         run_step(&mut ms, 0, &[0, 1, 2], Duration::ZERO);
         // Step 1's contributions are computed on the state before step 0
@@ -1461,6 +1467,14 @@ mod tests {
         let c = ms[0].committed(1, 2, &other.payload_hash).unwrap();
         assert_eq!((c.basis, c.momentum), ([9; 32], [0; 32]));
         assert_eq!(ms[0].committed(1, 2, &[0; 32]), None, "another payload");
+        // The same payload announced again under another state is a second
+        // announcement: equivocation, and its author is listed nowhere.
+        let mut again = announce(1, 1);
+        again.basis = [7; 32];
+        for m in ms.iter_mut() {
+            assert_eq!(m.on_announce(now, &again), Verdict::Equivocation);
+            assert_eq!(m.committed(1, 1, &again.payload_hash), None);
+        }
         let late = now + Timing::default().collect * 4;
         let leader = ms[0].leader(1, 0) as usize;
         let published: Vec<Manifest> = ms[leader]
@@ -1473,7 +1487,7 @@ mod tests {
             .collect();
         assert_eq!(published.len(), 1, "{published:?}");
         let listed: Vec<u32> = published[0].entries.iter().map(|e| e.0).collect();
-        assert_eq!(listed, vec![0, 1]);
+        assert_eq!(listed, vec![0], "2 on another state, 1 announced twice");
     }
 
     #[test]

@@ -45,12 +45,22 @@ pub(crate) enum ToTrainer {
         member: u32,
         payload: Option<Payload>,
     },
-    /// A member's slice a witness sampled to screen its contribution
-    /// (None: nobody served it).
+    /// A member's slice of `shard` a witness sampled to screen its
+    /// contribution, with the shard's accepted sums (None: nobody served
+    /// the slice, or the sums are gone).
     Sampled {
         step: u32,
         member: u32,
-        slice: Option<Vec<bool>>,
+        shard: u32,
+        found: Option<(Vec<bool>, Vec<i32>)>,
+    },
+    /// Another auditor accused `member`'s step-`step` contribution on its
+    /// slice of `shard`: check that slice too, if this node is one of its
+    /// auditors.
+    ConfirmSample {
+        step: u32,
+        member: u32,
+        shard: u32,
     },
     /// A member was slashed: it no longer audits anyone.
     Slashed(u32),
@@ -499,11 +509,25 @@ pub(crate) fn train_loop(
         report(guard.sent(trainer, &cfg, step, member, payload)?)
     };
     // A sampled slice the screen flags opens an audit.
-    let sampled = |guard: &mut Guard, step: u32, member: u32, slice: Option<Vec<bool>>| {
-        if let Some(t) = guard.sampled(step, member, slice) {
+    let sampled = |guard: &mut Guard,
+                   step: u32,
+                   member: u32,
+                   shard: u32,
+                   found: Option<(Vec<bool>, Vec<i32>)>| {
+        if let Some(t) = guard.sampled(step, member, shard, found) {
             send(FromTrainer::AuditTargets {
                 step,
                 targets: vec![t],
+            })?;
+        }
+        Ok::<(), String>(())
+    };
+    // Another auditor's sample flagged it: check the same slice.
+    let confirm_sample = |guard: &mut Guard, step: u32, member: u32, shard: u32| {
+        if let Some(s) = guard.confirm_sample(step, member, shard) {
+            send(FromTrainer::Samples {
+                step,
+                samples: vec![s],
             })?;
         }
         Ok::<(), String>(())
@@ -605,8 +629,14 @@ pub(crate) fn train_loop(
                     ToTrainer::Sampled {
                         step,
                         member,
-                        slice,
-                    } => sampled(&mut guard, step, member, slice)?,
+                        shard,
+                        found,
+                    } => sampled(&mut guard, step, member, shard, found)?,
+                    ToTrainer::ConfirmSample {
+                        step,
+                        member,
+                        shard,
+                    } => confirm_sample(&mut guard, step, member, shard)?,
                     ToTrainer::Slashed(m) => guard.policy.slash(m),
                     ToTrainer::Confirm {
                         step,
@@ -786,8 +816,14 @@ pub(crate) fn train_loop(
                 Ok(ToTrainer::Sampled {
                     step,
                     member,
-                    slice,
-                }) => sampled(&mut guard, step, member, slice)?,
+                    shard,
+                    found,
+                }) => sampled(&mut guard, step, member, shard, found)?,
+                Ok(ToTrainer::ConfirmSample {
+                    step,
+                    member,
+                    shard,
+                }) => confirm_sample(&mut guard, step, member, shard)?,
                 Ok(ToTrainer::Confirm {
                     step,
                     member,

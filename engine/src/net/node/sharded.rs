@@ -105,9 +105,9 @@ pub(super) struct Sharded {
     to_apply: BTreeMap<u32, ToApply>,
     /// Payloads fetched for audits: (step, member).
     gathers: BTreeMap<(u32, u32), Gather>,
-    /// Slices fetched for the screen: (step, member) → the sample, and the
-    /// sources asked so far.
-    samples: BTreeMap<(u32, u32), (Sample, usize)>,
+    /// Slices fetched for the screen: (step, member, shard) → the sample,
+    /// and the sources asked so far.
+    samples: BTreeMap<(u32, u32, u32), (Sample, usize)>,
 }
 
 /// What became of an accusation on the false-sum ground.
@@ -193,7 +193,7 @@ impl Sharded {
         self.manifests = self.manifests.split_off(&step);
         self.to_apply = self.to_apply.split_off(&step);
         self.gathers = self.gathers.split_off(&(step, 0));
-        self.samples = self.samples.split_off(&(step, 0));
+        self.samples = self.samples.split_off(&(step, 0, 0));
     }
 
     /// `member`'s slice of `shard` at `step`, if this node holds it.
@@ -500,69 +500,83 @@ impl Net {
     }
 
     /// Fetches the slice a witness screens a contribution by (see
-    /// `Guard::draw_sharded`): held here, or asked of the member, then of
-    /// each of the shard's seats.
+    /// `Guard::draw_sharded`): held here, or asked of each of the shard's
+    /// seats, then of the member (the suspect, which could otherwise delay
+    /// its own screen).
     pub(super) fn fetch_sample(&mut self, step: u32, s: Sample) {
         let me = self.cfg.me;
+        let key = (step, s.member, s.shard);
+        // None: already under way; Some(None): ask for it; Some(Some(x)):
+        // decided (x None if the step is not kept).
         let held = self.with_sharded(|net, sh| {
+            if sh.samples.contains_key(&key) {
+                return None;
+            }
+            sh.samples.insert(key, (s, 0));
             if !net.open_step(sh, step) {
-                return Some(None);
+                return Some(Some(None));
             }
-            if let Some(x) = sh
+            let x = sh
                 .slice(me, step, s.shard, s.member)
-                .filter(|x| sh.proves(s.shard, x, &s.root))
-            {
-                return Some(Some(x.signs));
-            }
-            sh.samples.insert((step, s.member), (s, 0));
-            None
+                .filter(|x| sh.proves(s.shard, x, &s.root));
+            Some(x.map(|x| Some(x.signs)))
         });
         match held.flatten() {
-            Some(found) => self.sampled(step, s.member, found),
-            None => self.ask_sample(step, s.member),
+            None => {}
+            Some(None) => self.ask_sample(key),
+            Some(Some(found)) => self.sampled(key, found),
         }
     }
 
-    /// Tells the trainer what became of a sample.
-    fn sampled(&mut self, step: u32, member: u32, slice: Option<Vec<bool>>) {
-        if let Some(sh) = self.sharded.as_mut() {
-            sh.samples.remove(&(step, member));
-        }
+    /// Tells the trainer what became of a sample: the slice, with the
+    /// shard's accepted sums it is judged against.
+    fn sampled(&mut self, key: (u32, u32, u32), slice: Option<Vec<bool>>) {
+        let (step, member, shard) = key;
+        let sums = self.sharded.as_mut().and_then(|sh| {
+            sh.samples.remove(&key);
+            let h = sh.ex.accepted(step, shard)?;
+            sh.sums.get(&(step, shard, h)).cloned()
+        });
         let _ = self.to_trainer.send(ToTrainer::Sampled {
             step,
             member,
-            slice,
+            shard,
+            found: slice.zip(sums),
         });
     }
 
     /// Asks the next source for a sample's slice; the trainer hears None
     /// once every source was asked in vain.
-    fn ask_sample(&mut self, step: u32, member: u32) {
+    fn ask_sample(&mut self, key: (u32, u32, u32)) {
+        let (step, member, shard) = key;
         let me = self.cfg.me;
         loop {
             let next = self.sharded.as_mut().and_then(|sh| {
-                let (s, tried) = *sh.samples.get(&(step, member))?;
-                let from = sh.sources(me, step, s.shard, member).get(tried).copied();
-                if let Some(e) = sh.samples.get_mut(&(step, member)) {
+                let tried = sh.samples.get(&key)?.1;
+                let mut sources = sh.sources(me, step, shard, member);
+                // The member last: see `fetch_sample`.
+                let member_first = sources.first() == Some(&member);
+                sources.rotate_left(usize::from(member_first));
+                if let Some(e) = sh.samples.get_mut(&key) {
                     e.1 += 1;
                 }
-                Some((s, from))
+                Some(sources.get(tried).copied())
             });
-            let Some((s, from)) = next else {
+            let Some(from) = next else {
                 return;
             };
             let Some(from) = from else {
-                self.sampled(step, member, None);
+                self.sampled(key, None);
                 return;
             };
             let req = Request::Slice {
                 step,
-                shard: s.shard,
+                shard,
                 member,
             };
             let what = Pending::Slice {
                 step,
-                shard: s.shard,
+                shard,
                 member,
                 why: Why::Sample,
             };
@@ -573,15 +587,15 @@ impl Net {
     }
 
     /// An answer (or a failure) to a sample's slice request.
-    fn on_sample(&mut self, step: u32, member: u32, slice: Option<Slice>) {
+    fn on_sample(&mut self, key: (u32, u32, u32), slice: Option<Slice>) {
         let ok = self.sharded.as_ref().and_then(|sh| {
-            let (s, _) = sh.samples.get(&(step, member))?;
+            let (s, _) = sh.samples.get(&key)?;
             Some(slice.filter(|x| sh.proves(s.shard, x, &s.root)))
         });
         match ok {
             None => {}
-            Some(Some(x)) => self.sampled(step, member, Some(x.signs)),
-            Some(None) => self.ask_sample(step, member),
+            Some(Some(x)) => self.sampled(key, Some(x.signs)),
+            Some(None) => self.ask_sample(key),
         }
     }
 
@@ -1136,7 +1150,7 @@ impl Net {
             if why == Why::Audit {
                 self.on_audit_slice(step, shard, member, slice);
             } else {
-                self.on_sample(step, member, slice);
+                self.on_sample((step, member, shard), slice);
             }
             self.drive();
             return;
@@ -1427,12 +1441,22 @@ impl Net {
         if let Some(sh) = self.sharded.as_mut() {
             let dropped: Vec<(u32, u32)> =
                 sh.gathers.range(..(floor, 0)).map(|(k, _)| *k).collect();
+            let samples: Vec<(u32, u32, u32)> =
+                sh.samples.range(..(floor, 0, 0)).map(|(k, _)| *k).collect();
             sh.forget_before(floor);
             for (step, member) in dropped {
                 let _ = self.to_trainer.send(ToTrainer::Sent {
                     step,
                     member,
                     payload: None,
+                });
+            }
+            for (step, member, shard) in samples {
+                let _ = self.to_trainer.send(ToTrainer::Sampled {
+                    step,
+                    member,
+                    shard,
+                    found: None,
                 });
             }
         }

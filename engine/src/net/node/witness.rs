@@ -274,16 +274,25 @@ impl Net {
             }
         };
         let me = self.cfg.me;
-        if let Ground::Drawn { by, coin } = a.ground
-            && a.witness != me
-            && self.policy.is_auditor(me, a.step, a.accused)
-        {
-            let _ = self.to_trainer.send(ToTrainer::Confirm {
-                step: a.step,
-                member: a.accused,
-                by,
-                coin,
-            });
+        if a.witness != me && self.policy.is_auditor(me, a.step, a.accused) {
+            match a.ground {
+                Ground::Drawn { by, coin } => {
+                    let _ = self.to_trainer.send(ToTrainer::Confirm {
+                        step: a.step,
+                        member: a.accused,
+                        by,
+                        coin,
+                    });
+                }
+                Ground::Sampled { shard } => {
+                    let _ = self.to_trainer.send(ToTrainer::ConfirmSample {
+                        step: a.step,
+                        member: a.accused,
+                        shard,
+                    });
+                }
+                _ => {}
+            }
         }
         let Some(c) = conviction else {
             return MessageAcceptance::Accept;
