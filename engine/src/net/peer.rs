@@ -149,7 +149,7 @@ pub fn local_job(name: &str) -> [u8; 32] {
     *blake3::hash(format!("cohort-job:{name}").as_bytes()).as_bytes()
 }
 
-fn parse(args: &[String]) -> Result<(NodeConfig, BackendChoice), String> {
+pub(crate) fn parse(args: &[String]) -> Result<(NodeConfig, BackendChoice), String> {
     let mut index = None;
     let mut members = None;
     let (mut job, mut steps, mut arch, mut batch) = ("local".to_string(), 20u32, None, 8usize);
