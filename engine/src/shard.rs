@@ -354,6 +354,67 @@ pub fn sum(slices: &[(&[bool], i32)], positions: usize) -> Result<Vec<i32>, Engi
     Ok(out)
 }
 
+/// The votes one shard's listed slices get: the screen of the all-to-all
+/// exchange ([`crate::audit::screen`]) run on the shard alone, so a slice
+/// whose signs go against the others' there gets no vote, as a flagged
+/// payload gets none on the all-to-all exchange. A pure function of the
+/// listed slices: every seat of the shard and every node that recomputes
+/// it weighs them alike, so the sums stay exact and checkable. The first
+/// pass judges each slice's sign agreement with every other slice's votes
+/// (a tie counts half); the second judges the slices it flagged again
+/// against the kept ones only, so that attackers who overturn a position
+/// together cannot get the honest voters there flagged with them. Fewer
+/// than [`crate::audit::MIN_SCREENED`] slices have no majority to judge
+/// by: every one keeps its vote.
+pub fn votes(slices: &[&[bool]], min_agreement: f32) -> Vec<i32> {
+    let n = slices.len();
+    if n < crate::audit::MIN_SCREENED || slices.iter().any(|s| s.len() != slices[0].len()) {
+        return vec![1; n];
+    }
+    let tally = |counted: &[bool]| -> Vec<i64> {
+        let mut v = vec![0i64; slices[0].len()];
+        for (s, _) in slices.iter().zip(counted).filter(|(_, c)| **c) {
+            for (x, neg) in v.iter_mut().zip(s.iter()) {
+                *x += if *neg { -1 } else { 1 };
+            }
+        }
+        v
+    };
+    // Agreement of slice `i` with `votes`, its own vote taken out if counted.
+    let agreement = |i: usize, votes: &[i64], counted: bool| -> f32 {
+        let agree: usize = slices[i]
+            .iter()
+            .zip(votes)
+            .map(|(neg, v)| {
+                let own: i64 = if *neg { -1 } else { 1 };
+                let others = v - if counted { own } else { 0 };
+                match (others * own).signum() {
+                    1 => 2,
+                    0 => 1,
+                    _ => 0,
+                }
+            })
+            .sum();
+        agree as f32 / (2 * slices[i].len().max(1)) as f32
+    };
+    let everyone = vec![true; n];
+    let all = tally(&everyone);
+    let mut kept: Vec<bool> = (0..n)
+        .map(|i| agreement(i, &all, true) >= min_agreement)
+        .collect();
+    let count = kept.iter().filter(|k| **k).count();
+    if count < n && count >= crate::audit::MIN_SCREENED {
+        let honest = tally(&kept);
+        let cleared: Vec<usize> = (0..n)
+            .filter(|&i| !kept[i] && agreement(i, &honest, false) >= min_agreement)
+            .collect();
+        for i in cleared {
+            kept[i] = true;
+        }
+    }
+    kept.into_iter().map(i32::from).collect()
+}
+
 /// Checks published sums against the slices they claim to sum: the first
 /// position that differs is the fraud proof, checkable by anyone holding
 /// the members' signed slices. Sums or slices of the wrong length for the
@@ -656,6 +717,26 @@ mod tests {
             assert!(assemble(&shards, &layout, &slices, draw).is_err());
             assert!(assemble(&shards, &layout, &slices[1..], draw).is_err());
         }
+    }
+
+    #[test]
+    fn a_slice_against_the_others_gets_no_vote_in_its_shard_and_too_few_slices_keep_theirs() {
+        // Four members agree on 10 signs, a fifth flips them all.
+        let honest: Vec<bool> = (0..10).map(|i| i % 3 == 0).collect();
+        let flipped: Vec<bool> = honest.iter().map(|b| !b).collect();
+        let mut near = honest.clone();
+        near[0] = !near[0];
+        let slices: Vec<&[bool]> = vec![&honest, &honest, &near, &honest, &flipped];
+        assert_eq!(votes(&slices, 0.55), vec![1, 1, 1, 1, 0]);
+        // Two slices: no majority to judge by.
+        assert_eq!(votes(&[&honest, &flipped], 0.55), vec![1, 1]);
+        // The same on every node whatever the order it lists them in.
+        let reversed: Vec<&[bool]> = slices.iter().rev().copied().collect();
+        assert_eq!(votes(&reversed, 0.55), vec![0, 1, 1, 1, 1]);
+        // Two flippers among seven: both lose their votes, nobody else does.
+        let mut mixed: Vec<&[bool]> = vec![&honest[..]; 5];
+        mixed.extend([&flipped[..], &flipped[..]]);
+        assert_eq!(votes(&mixed, 0.55), vec![1, 1, 1, 1, 1, 0, 0]);
     }
 
     #[test]

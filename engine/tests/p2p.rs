@@ -826,6 +826,16 @@ fn eight_processes_train_through_the_sharded_exchange_a_lying_aggregator_and_a_m
         })
         .sum();
     assert!(caught > 0, "no node caught the lie: {done:#?}");
+    // The forger's slices got no vote in the shards its honest seats summed
+    // before it was slashed (`shard::votes`).
+    let unvoted: u64 = honest
+        .iter()
+        .map(|&i| field(&done[i], "unvoted").unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert!(
+        unvoted > 0,
+        "no seat took the forger's votes away: {done:#?}"
+    );
     let (mut audits, mut broken_chain) = (0, false);
     for &i in &honest {
         for l in peers[i].lines() {

@@ -298,6 +298,9 @@ pub struct NodeStats {
     pub forged_entries: u64,
     /// Aggregators this node caught signing a false sum (sharded exchange).
     pub false_sums: u64,
+    /// Listed slices this node, as a seat, summed with no vote: the
+    /// shard's screen flagged them (`shard::votes`).
+    pub unvoted: u64,
     /// How this node reached each member it connected to, at best.
     pub routes: BTreeMap<u32, Route>,
 }

@@ -105,6 +105,9 @@ pub(super) struct Sharded {
     to_apply: BTreeMap<u32, ToApply>,
     /// Payloads fetched for audits: (step, member).
     gathers: BTreeMap<(u32, u32), Gather>,
+    /// The screen's least sign agreement: a listed slice below it in its
+    /// shard gets no vote there (`shard::votes`).
+    min_agreement: f32,
     /// Slices fetched for the screen: (step, member, shard) → the sample,
     /// and the sources asked so far.
     samples: BTreeMap<(u32, u32, u32), (Sample, usize)>,
@@ -171,6 +174,7 @@ impl Sharded {
             to_apply: BTreeMap::new(),
             gathers: BTreeMap::new(),
             samples: BTreeMap::new(),
+            min_agreement: cfg.policy().audit.screen_agreement,
         })
     }
 
@@ -270,11 +274,18 @@ impl Sharded {
         let Some(r) = self.recomputing.remove(&(step, shard)) else {
             return;
         };
-        let weighted: Vec<(&[bool], i32)> = r
+        // Every member's slice, in the manifest's order, weighed by the
+        // shard's screen as its seats weigh them.
+        let slices: Vec<&[bool]> = r
             .members
             .iter()
             .filter_map(|m| r.got.get(m))
-            .map(|s| (s.as_slice(), 1))
+            .map(Vec::as_slice)
+            .collect();
+        let weighted: Vec<(&[bool], i32)> = slices
+            .iter()
+            .copied()
+            .zip(shard::votes(&slices, self.min_agreement))
             .collect();
         let Ok(sums) = shard::sum(&weighted, self.shards[shard as usize].positions) else {
             self.ex.on_recompute_failed(now, step, shard);
@@ -884,8 +895,12 @@ impl Net {
                     );
                     return false;
                 };
-                let weighted: Vec<(&[bool], i32)> =
-                    slices.iter().map(|s| (s.as_slice(), 1)).collect();
+                // A slice against the others in this shard gets no vote
+                // (`shard::votes`, the screen every recomputation applies).
+                let refs: Vec<&[bool]> = slices.iter().map(Vec::as_slice).collect();
+                let votes = shard::votes(&refs, sh.min_agreement);
+                net.stats.unvoted += votes.iter().filter(|v| **v == 0).count() as u64;
+                let weighted: Vec<(&[bool], i32)> = refs.iter().copied().zip(votes).collect();
                 let Ok(mut sums) = shard::sum(&weighted, sh.shards[shard as usize].positions)
                 else {
                     return false;
