@@ -105,9 +105,9 @@ fn aggregate_payloads(members: usize) -> usize {
 /// all-to-all exchange's download, every other member's payload a step,
 /// exceeds the bound of three payloads plus one aggregate, which
 /// the sharded exchange keeps whatever the member count. Below that the
-/// all-to-all exchange stays: it moves no more, and its screen, which
-/// reads every payload, takes a flagged payload's votes away (the sharded
-/// screen only flags it for audit). From 10 members on.
+/// all-to-all exchange stays: it moves no more, and its screen judges
+/// every payload whole (the sharded one judges a member shard by shard,
+/// and its witnesses by one sampled slice). From 10 members on.
 pub fn sharded_for(members: usize) -> bool {
     members.saturating_sub(1) > 3 + aggregate_payloads(members)
 }
