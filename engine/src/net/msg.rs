@@ -37,7 +37,9 @@ use libp2p::identity::ed25519;
 /// computed on (`Announce::basis`): leaders list only contributions
 /// computed on the step's state, and witnesses of the sharded exchange,
 /// which never see the signed contribution, audit only those; the ground
-/// `Ground::Sampled` (a sharded witness's screen by one slice).
+/// `Ground::Sampled` (a sharded witness's screen by one slice); a seat's
+/// sum leaves out the votes of slices its shard's screen flags
+/// (`shard::votes`), so a version-5 seat's sums differ from it.
 pub const VERSION: u8 = 6;
 const MAGIC: &[u8; 3] = b"CHN";
 const DOMAIN: &[u8] = b"cohort-net-v1";
