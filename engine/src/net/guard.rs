@@ -172,10 +172,11 @@ pub(crate) struct Guard {
     sampling: BTreeMap<(u32, u32, u32), Sampling>,
     /// Roots listed per recent step (the sharded exchange's duplicates).
     roots: BTreeMap<u32, Vec<[u8; 32]>>,
-    /// Other auditors' sampled shards checked per contribution (step,
-    /// member): at most a quorum's worth, so an auditor cannot make this
-    /// one fetch every shard of an honest member's contribution.
-    confirmed: BTreeMap<(u32, u32), usize>,
+    /// Other auditors' sampled shards checked: (step, member, accuser),
+    /// one per accuser, so an auditor cannot make this one fetch every
+    /// shard of an honest member's contribution, nor use up the checks an
+    /// honest auditor's flag needs.
+    confirmed: BTreeSet<(u32, u32, u32)>,
     /// Audits opened, per (step, member): each is run once.
     opened: BTreeSet<(u32, u32)>,
     /// Contributions this witness audits if asked to confirm (recent
@@ -206,7 +207,7 @@ impl Guard {
             awaiting: BTreeMap::new(),
             sampling: BTreeMap::new(),
             roots: BTreeMap::new(),
-            confirmed: BTreeMap::new(),
+            confirmed: BTreeSet::new(),
             opened: BTreeSet::new(),
             kept: BTreeMap::new(),
             commitments: BTreeMap::new(),
@@ -237,7 +238,7 @@ impl Guard {
         self.awaiting.retain(|(s, _), _| *s < t.step());
         self.sampling.retain(|(s, _, _), _| *s < t.step());
         self.roots.retain(|s, _| *s < t.step());
-        self.confirmed.retain(|(s, _), _| *s < t.step());
+        self.confirmed.retain(|(s, _, _)| *s < t.step());
         self.opened.retain(|(s, _)| *s < t.step());
         self.kept.retain(|s, _| *s < t.step());
         self.commitments.retain(|s, _| *s < t.step());
@@ -386,7 +387,7 @@ impl Guard {
         self.sampling
             .retain(|(s, _, _), _| *s + KEEP_WEIGHTS as u32 > step);
         self.confirmed
-            .retain(|(s, _), _| *s + KEEP_WEIGHTS as u32 > step);
+            .retain(|(s, _, _)| *s + KEEP_WEIGHTS as u32 > step);
         // Too few listed to judge by the others' votes: every auditor
         // audits each of them instead, as on the all-to-all exchange (a
         // leader could otherwise list only itself and a colluder).
@@ -475,7 +476,13 @@ impl Guard {
     /// auditor and never reach the quorum). Nothing is taken on the
     /// accuser's word: an honest member's slice passes here as it did
     /// everywhere.
-    pub(crate) fn confirm_sample(&mut self, step: u32, member: u32, shard: u32) -> Option<Sample> {
+    pub(crate) fn confirm_sample(
+        &mut self,
+        step: u32,
+        member: u32,
+        shard: u32,
+        by: u32,
+    ) -> Option<Sample> {
         if !self.witness || self.opened.contains(&(step, member)) {
             return None;
         }
@@ -484,13 +491,11 @@ impl Guard {
             return None;
         };
         let listed = self.roots.get(&step)?.len();
-        let count = self.confirmed.entry((step, member)).or_default();
         if self.sampling.contains_key(&(step, member, shard))
-            || *count >= self.policy.audit.quorum.max(1)
+            || !self.confirmed.insert((step, member, by))
         {
             return None;
         }
-        *count += 1;
         self.sampling
             .insert((step, member, shard), Sampling { listed, k });
         Some(Sample {
@@ -1014,22 +1019,23 @@ mod tests {
             let agreeing = Some((vec![false; 8], sums[0].clone()));
             assert!(g.sampled(3, s.member, s.shard, agreeing).is_none());
             // Another auditor's flag on another shard: this one checks that
-            // slice itself, at most a quorum's worth of shards.
+            // slice itself, one shard per accuser.
             let other = (s.shard + 1) % 4;
-            let c = g.confirm_sample(3, s.member, other).expect("checked");
+            let c = g.confirm_sample(3, s.member, other, 4).expect("checked");
             assert_eq!((c.member, c.shard, c.root), (s.member, other, s.root));
-            assert!(g.confirm_sample(3, s.member, other).is_none(), "under way");
-            assert!(g.confirm_sample(3, s.member, (other + 1) % 4).is_some());
             assert!(
-                g.confirm_sample(3, s.member, (other + 2) % 4).is_none(),
-                "capped"
+                g.confirm_sample(3, s.member, other, 5).is_none(),
+                "under way"
             );
+            let next = (other + 1) % 4;
+            assert!(g.confirm_sample(3, s.member, next, 4).is_none(), "one each");
+            assert!(g.confirm_sample(3, s.member, next, 5).is_some());
         }
         // Nothing to check of a contribution whose audit is open, or that
         // this witness does not audit.
-        assert!(g.confirm_sample(3, bad.member, 0).is_none());
+        assert!(g.confirm_sample(3, bad.member, 0, 4).is_none());
         if let Some(m) = (1..6).find(|m| !mine.contains(m)) {
-            assert!(g.confirm_sample(3, m, 0).is_none());
+            assert!(g.confirm_sample(3, m, 0, 4).is_none());
         }
     }
 

@@ -54,13 +54,14 @@ pub(crate) enum ToTrainer {
         shard: u32,
         found: Option<(Vec<bool>, Vec<i32>)>,
     },
-    /// Another auditor accused `member`'s step-`step` contribution on its
+    /// Auditor `by` accused `member`'s step-`step` contribution on its
     /// slice of `shard`: check that slice too, if this node is one of its
     /// auditors.
     ConfirmSample {
         step: u32,
         member: u32,
         shard: u32,
+        by: u32,
     },
     /// A member was slashed: it no longer audits anyone.
     Slashed(u32),
@@ -523,8 +524,8 @@ pub(crate) fn train_loop(
         Ok::<(), String>(())
     };
     // Another auditor's sample flagged it: check the same slice.
-    let confirm_sample = |guard: &mut Guard, step: u32, member: u32, shard: u32| {
-        if let Some(s) = guard.confirm_sample(step, member, shard) {
+    let confirm_sample = |guard: &mut Guard, step: u32, member: u32, shard: u32, by: u32| {
+        if let Some(s) = guard.confirm_sample(step, member, shard, by) {
             send(FromTrainer::Samples {
                 step,
                 samples: vec![s],
@@ -636,7 +637,8 @@ pub(crate) fn train_loop(
                         step,
                         member,
                         shard,
-                    } => confirm_sample(&mut guard, step, member, shard)?,
+                        by,
+                    } => confirm_sample(&mut guard, step, member, shard, by)?,
                     ToTrainer::Slashed(m) => guard.policy.slash(m),
                     ToTrainer::Confirm {
                         step,
@@ -823,7 +825,8 @@ pub(crate) fn train_loop(
                     step,
                     member,
                     shard,
-                }) => confirm_sample(&mut guard, step, member, shard)?,
+                    by,
+                }) => confirm_sample(&mut guard, step, member, shard, by)?,
                 Ok(ToTrainer::Confirm {
                     step,
                     member,

@@ -510,6 +510,13 @@ impl Net {
         }
     }
 
+    /// Whether the job's sharded exchange has shard `shard`.
+    pub(super) fn is_shard(&self, shard: u32) -> bool {
+        self.sharded
+            .as_ref()
+            .is_some_and(|sh| (shard as usize) < sh.shards.len())
+    }
+
     /// Fetches the slice a witness screens a contribution by (see
     /// `Guard::draw_sharded`): held here, or asked of each of the shard's
     /// seats, then of the member (the suspect, which could otherwise delay

@@ -284,11 +284,13 @@ impl Net {
                         coin,
                     });
                 }
-                Ground::Sampled { shard } => {
+                // Only a shard the job has: the accuser picks the number.
+                Ground::Sampled { shard } if self.is_shard(shard) => {
                     let _ = self.to_trainer.send(ToTrainer::ConfirmSample {
                         step: a.step,
                         member: a.accused,
                         shard,
+                        by: a.witness,
                     });
                 }
                 _ => {}
