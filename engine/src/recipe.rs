@@ -128,6 +128,16 @@ mod tests {
         s
     }
 
+    /// A job of the convergence bench's model.
+    fn bench_spec() -> JobSpec {
+        let mut s = spec();
+        s.set_arch("gpt l2 d128 h4 s64");
+        s.model_hash = ModelConfig::parse("gpt l2 d128 h4 s64")
+            .unwrap()
+            .config_hash();
+        s
+    }
+
     #[test]
     fn a_job_of_ten_members_or_more_runs_the_sharded_exchange_with_a_plan_its_recipe_can_cut() {
         use crate::net::exchange::{plan_for, sharded_for};
@@ -135,12 +145,7 @@ mod tests {
         // aggregate of 5 bits. 10 download 9: over the bound.
         assert!(!sharded_for(3) && !sharded_for(9));
         assert!(sharded_for(10) && sharded_for(48) && sharded_for(1000));
-        let mut s = spec();
-        s.set_arch("gpt l2 d128 h4 s64");
-        s.model_hash = ModelConfig::parse("gpt l2 d128 h4 s64")
-            .unwrap()
-            .config_hash();
-        let t = for_job(&s).unwrap();
+        let t = for_job(&bench_spec()).unwrap();
         assert_eq!(plan_for(9, &t), None);
         let shapes: Vec<Vec<usize>> = t.model.shapes().into_iter().map(|(_, s)| s).collect();
         let layout = crate::compress::Layout::new(&shapes, &t.compress);
@@ -165,12 +170,7 @@ mod tests {
 
     #[test]
     fn a_job_trains_with_the_shared_rule_at_over_a_thousand_times_fewer_bytes_than_fp32() {
-        let mut s = spec();
-        s.set_arch("gpt l2 d128 h4 s64");
-        s.model_hash = ModelConfig::parse("gpt l2 d128 h4 s64")
-            .unwrap()
-            .config_hash();
-        let t = for_job(&s).unwrap();
+        let t = for_job(&bench_spec()).unwrap();
         assert_eq!((t.compress.select, t.compress.topk), (Select::Shared, 61));
         let shapes: Vec<Vec<usize>> = t.model.shapes().into_iter().map(|(_, s)| s).collect();
         let layout = crate::compress::Layout::new(&shapes, &t.compress);

@@ -130,6 +130,11 @@ pub(super) enum FalseSum {
     Refused,
 }
 
+/// A sample's key (step, member, shard) as a slice's (step, shard, member).
+fn key_slice((step, member, shard): (u32, u32, u32)) -> (u32, u32, u32) {
+    (step, shard, member)
+}
+
 /// Accusations a node holds per witness, waiting for its own
 /// recomputations: one witness cannot crowd the others out.
 const MAX_PENDING_PER_WITNESS: usize = 256;
@@ -493,18 +498,7 @@ impl Net {
                 return false;
             };
             g.tried[shard as usize] += 1;
-            let req = Request::Slice {
-                step,
-                shard,
-                member,
-            };
-            let what = Pending::Slice {
-                step,
-                shard,
-                member,
-                why: Why::Audit,
-            };
-            if self.ask(from, req, what) {
+            if self.request_slice(from, (step, shard, member), Why::Audit) {
                 return true;
             }
         }
@@ -587,18 +581,7 @@ impl Net {
                 self.sampled(key, None);
                 return;
             };
-            let req = Request::Slice {
-                step,
-                shard,
-                member,
-            };
-            let what = Pending::Slice {
-                step,
-                shard,
-                member,
-                why: Why::Sample,
-            };
-            if self.ask(from, req, what) {
+            if self.request_slice(from, key_slice(key), Why::Sample) {
                 return;
             }
         }
@@ -810,6 +793,19 @@ impl Net {
         from: u32,
         why: Why,
     ) {
+        if !self.request_slice(from, (step, shard, member), why) {
+            sh.slice_failed(now, (step, shard, member), why);
+        }
+    }
+
+    /// Asks `from` for `member`'s slice of `shard` at `step`, for `why`;
+    /// false if the request could not be sent.
+    fn request_slice(
+        &mut self,
+        from: u32,
+        (step, shard, member): (u32, u32, u32),
+        why: Why,
+    ) -> bool {
         let req = Request::Slice {
             step,
             shard,
@@ -821,9 +817,7 @@ impl Net {
             member,
             why,
         };
-        if !self.ask(from, req, what) {
-            sh.slice_failed(now, (step, shard, member), why);
-        }
+        self.ask(from, req, what)
     }
 
     /// Whether this node is the withholding attacker at `step`.
@@ -999,18 +993,7 @@ impl Net {
                 }
                 sh.recomputing.insert((step, shard), r);
                 for m in ask {
-                    let req = Request::Slice {
-                        step,
-                        shard,
-                        member: m,
-                    };
-                    let what = Pending::Slice {
-                        step,
-                        shard,
-                        member: m,
-                        why: Why::Recompute,
-                    };
-                    if !net.ask(from, req, what) {
+                    if !net.request_slice(from, (step, shard, m), Why::Recompute) {
                         sh.recomputing.remove(&(step, shard));
                         sh.ex.on_recompute_failed(now, step, shard);
                         return false;
