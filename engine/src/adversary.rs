@@ -565,10 +565,9 @@ mod tests {
                 })
                 .collect()
         };
-        let cfg = crate::audit::AuditConfig::default();
         let screened = |attackers: &[Payload]| {
             let all: Vec<&Payload> = refs.iter().copied().chain(attackers).collect();
-            crate::audit::screen(&layout, &all, &[], &cfg)
+            crate::audit::screen(&layout, &all, &[])
         };
         // Each colluder's overturning vote sees the others' votes tied
         // (margin m against, m other colluders for): a tie counts half, so
@@ -578,17 +577,17 @@ mod tests {
         let open = forge_all(Mode::Collude);
         let s = screened(&open);
         assert!(
-            s[6..].iter().all(|s| s.agreement <= 0.5 && s.flagged(&cfg)),
+            s[6..].iter().all(|s| s.agreement <= 0.5 && s.flagged()),
             "{:?}",
             &s[6..]
         );
-        assert!(s[..6].iter().all(|s| !s.flagged(&cfg)), "{:?}", &s[..6]);
+        assert!(s[..6].iter().all(|s| !s.flagged()), "{:?}", &s[..6]);
         // To pass, colluders need m + 2 votes per overturned coefficient
         // (three overturn margins of 1 only) and vote with the honest
         // majority with the slots left: less damage.
         let hidden = forge_all(Mode::ColludeHidden);
         let s = screened(&hidden);
-        assert!(s[6..].iter().all(|s| !s.flagged(&cfg)), "{:?}", &s[6..]);
+        assert!(s[6..].iter().all(|s| !s.flagged()), "{:?}", &s[6..]);
         let (open, hidden) = (
             damage(&layout, &refs, &open),
             damage(&layout, &refs, &hidden),

@@ -289,7 +289,7 @@ pub fn run(
             screens,
             hashes,
             mut weights,
-        } = audit::screen_step(&layout, &refs, &recent, &cfg.audit);
+        } = audit::screen_step(&layout, &refs, &recent);
         if !cfg.defend {
             weights.fill(1);
         }
@@ -319,7 +319,7 @@ pub fn run(
             };
             for (j, (i, payload)) in sent.iter().enumerate() {
                 let member = *i as u32;
-                let flagged = screens[j].needs_audit(&cfg.audit);
+                let flagged = screens[j].needs_audit();
                 let auditors = policy.auditors(step, member);
                 let duties: Vec<(u32, Duty)> = auditors
                     .iter()

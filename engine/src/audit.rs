@@ -46,10 +46,6 @@ pub struct AuditConfig {
     pub min_overlap: f32,
     /// Least share of common coefficients with the same sign.
     pub min_agreement: f32,
-    /// The screen: least share of a payload's coefficients that some other
-    /// member picked too, and least sign agreement with the others' votes.
-    pub screen_support: f32,
-    pub screen_agreement: f32,
     /// Most a revealed momentum may differ from the one its predecessor
     /// leads to, relative ([`chain_error`]): room for other hardware's
     /// rounding and top-k ties, not for another history.
@@ -66,8 +62,6 @@ impl Default for AuditConfig {
             quorum: 2,
             min_overlap: 0.5,
             min_agreement: 0.8,
-            screen_support: 0.2,
-            screen_agreement: 0.55,
             max_chain_error: 0.5,
             chain_rate: 0.0,
         }
@@ -184,14 +178,28 @@ pub struct StepScreen {
     pub weights: Vec<i32>,
 }
 
+/// The screen's thresholds: least share of a payload's coefficients that
+/// some other member picked too, and least sign agreement with the others'
+/// votes. A rule of the protocol, not a node's setting: the screen decides
+/// which votes count, so nodes that judged with other thresholds would sum
+/// differently and split (and seats of the sharded exchange would convict
+/// each other of false sums). It changes only with the recipe's version.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ScreenRule {
+    pub support: f32,
+    pub agreement: f32,
+}
+
+/// The screen every node applies, on both exchanges ([`screen`],
+/// [`crate::shard::votes`]) and in the witnesses' samples.
+pub const SCREEN: ScreenRule = ScreenRule {
+    support: 0.2,
+    agreement: 0.55,
+};
+
 /// Screens one step's payloads and weighs their votes (see [`screen`]).
-pub fn screen_step(
-    layout: &Layout,
-    payloads: &[&Payload],
-    recent: &[[u8; 32]],
-    cfg: &AuditConfig,
-) -> StepScreen {
-    let screens = screen(layout, payloads, recent, cfg);
+pub fn screen_step(layout: &Layout, payloads: &[&Payload], recent: &[[u8; 32]]) -> StepScreen {
+    let screens = screen(layout, payloads, recent);
     let hashes: Vec<[u8; 32]> = payloads
         .iter()
         .map(|p| payload_hash(layout.select, p))
@@ -199,7 +207,7 @@ pub fn screen_step(
     let weights = (0..payloads.len())
         .map(|j| {
             let first_copy = hashes[..j].iter().all(|h| *h != hashes[j]);
-            let flagged = screens[j].flagged(cfg) && !screens[j].duplicate;
+            let flagged = screens[j].flagged() && !screens[j].duplicate;
             i32::from(first_copy && !flagged && !recent.contains(&hashes[j]))
         })
         .collect();
@@ -277,15 +285,19 @@ pub struct Screen {
 
 impl Screen {
     /// Judged bad: the payload loses its vote, and every auditor audits it.
-    pub fn flagged(&self, cfg: &AuditConfig) -> bool {
-        self.duplicate || self.support < cfg.screen_support || self.agreement < cfg.screen_agreement
+    pub fn flagged(&self) -> bool {
+        self.flagged_under(&SCREEN)
+    }
+
+    fn flagged_under(&self, rule: &ScreenRule) -> bool {
+        self.duplicate || self.support < rule.support || self.agreement < rule.agreement
     }
 
     /// Audited by every auditor: flagged, or in a step too small to screen
     /// (so a leader cannot dodge the screen by listing few payloads). An
     /// unjudged payload keeps its vote.
-    pub fn needs_audit(&self, cfg: &AuditConfig) -> bool {
-        self.unjudged || self.flagged(cfg)
+    pub fn needs_audit(&self) -> bool {
+        self.unjudged || self.flagged()
     }
 }
 
@@ -300,11 +312,15 @@ pub const MIN_SCREENED: usize = 3;
 /// kept, so that attackers who overturn honest coefficients together (and
 /// are flagged for it) cannot get the honest voters there flagged, and
 /// their votes zeroed, with them.
-pub fn screen(
+pub fn screen(layout: &Layout, payloads: &[&Payload], recent: &[[u8; 32]]) -> Vec<Screen> {
+    screen_under(layout, payloads, recent, &SCREEN)
+}
+
+fn screen_under(
     layout: &Layout,
     payloads: &[&Payload],
     recent: &[[u8; 32]],
-    cfg: &AuditConfig,
+    rule: &ScreenRule,
 ) -> Vec<Screen> {
     let hashes: Vec<[u8; 32]> = payloads
         .iter()
@@ -336,7 +352,7 @@ pub fn screen(
         s.support = support;
         s.agreement = agreement;
     }
-    let kept: Vec<bool> = out.iter().map(|s| !s.flagged(cfg)).collect();
+    let kept: Vec<bool> = out.iter().map(|s| !s.flagged_under(rule)).collect();
     if kept.iter().all(|k| *k) || kept.iter().filter(|k| **k).count() < MIN_SCREENED {
         return out;
     }
@@ -514,11 +530,11 @@ mod tests {
             })
             .collect();
         let refs: Vec<&Payload> = payloads.iter().collect();
-        let cfg = AuditConfig {
-            screen_agreement: 0.0,
-            ..AuditConfig::default()
+        let rule = ScreenRule {
+            agreement: 0.0,
+            ..SCREEN
         };
-        let screens = screen(&layout, &refs, &[], &cfg);
+        let screens = screen_under(&layout, &refs, &[], &rule);
         let flat =
             |p: &Payload| -> Vec<bool> { p.params.iter().flat_map(|s| s.neg.clone()).collect() };
         let mut sums = vec![0i32; flat(&payloads[0]).len()];
@@ -639,17 +655,16 @@ mod tests {
             .iter()
             .chain([&flipped, &garbage, &copy, &old])
             .collect();
-        let cfg = AuditConfig::default();
-        let s = screen(&l, &all, &[payload_hash(l.select, &old)], &cfg);
-        assert!(!s[1].flagged(&cfg) && !s[2].flagged(&cfg), "{s:?}");
-        assert!(s[3].flagged(&cfg), "flipped {:?}", s[3]);
-        assert!(s[4].flagged(&cfg), "garbage {:?}", s[4]);
+        let s = screen(&l, &all, &[payload_hash(l.select, &old)]);
+        assert!(!s[1].flagged() && !s[2].flagged(), "{s:?}");
+        assert!(s[3].flagged(), "flipped {:?}", s[3]);
+        assert!(s[4].flagged(), "garbage {:?}", s[4]);
         assert!(s[5].duplicate && s[0].duplicate, "copy and its original");
         assert!(s[6].duplicate, "re-sent");
         // Two payloads have no majority: neither is judged, copies still are.
-        let pair = screen(&l, &[&honest[0], &garbage], &[], &cfg);
-        assert!(pair.iter().all(|s| !s.flagged(&cfg)), "{pair:?}");
-        let copies = screen(&l, &[&honest[0], &copy], &[], &cfg);
+        let pair = screen(&l, &[&honest[0], &garbage], &[]);
+        assert!(pair.iter().all(|s| !s.flagged()), "{pair:?}");
+        let copies = screen(&l, &[&honest[0], &copy], &[]);
         assert!(copies.iter().all(|s| s.duplicate));
         assert!(s.iter().all(|s| !s.unjudged));
     }
@@ -693,7 +708,7 @@ mod tests {
             })
             .collect();
         let all: Vec<&Payload> = honest.iter().chain([&resent]).collect();
-        let st = screen_step(&l, &all, &recent, &AuditConfig::default());
+        let st = screen_step(&l, &all, &recent);
         assert!(st.screens[3].duplicate, "{:?}", st.screens[3]);
         assert_eq!(st.weights[3], 0);
         assert!(st.screens[..3].iter().all(|s| !s.duplicate));
@@ -713,12 +728,11 @@ mod tests {
     #[test]
     fn a_step_too_small_to_screen_is_audited_in_full_and_keeps_its_votes() {
         let l = layout();
-        let cfg = AuditConfig::default();
         let honest = payload(&[1, 2, 3, 4], &[false, false, true, true]);
         let garbage = payload(&[100, 150, 200, 250], &[false, true, false, true]);
         for few in [vec![&garbage], vec![&honest, &garbage]] {
-            let st = screen_step(&l, &few, &[], &cfg);
-            assert!(st.screens.iter().all(|s| s.needs_audit(&cfg)), "{st:?}");
+            let st = screen_step(&l, &few, &[]);
+            assert!(st.screens.iter().all(|s| s.needs_audit()), "{st:?}");
             assert!(st.weights.iter().all(|w| *w == 1), "{st:?}");
         }
         let three = [
@@ -726,7 +740,7 @@ mod tests {
             payload(&[1, 2, 3, 5], &[false, false, true, false]),
             payload(&[1, 2, 4, 5], &[false, false, true, false]),
         ];
-        let st = screen_step(&l, &three.iter().collect::<Vec<_>>(), &[], &cfg);
-        assert!(st.screens.iter().all(|s| !s.needs_audit(&cfg)), "{st:?}");
+        let st = screen_step(&l, &three.iter().collect::<Vec<_>>(), &[]);
+        assert!(st.screens.iter().all(|s| !s.needs_audit()), "{st:?}");
     }
 }

@@ -304,10 +304,20 @@ pub struct Conviction {
     pub witnesses: Vec<u32>,
 }
 
+/// Cases one witness may have open at once (accusations that made no
+/// conviction yet). An honest witness accuses only members whose audit
+/// failed, a handful an epoch; a witness that sends more, each on new
+/// evidence, is flooding: its oldest open cases give way, so the tally's
+/// memory stays bounded whatever it sends.
+pub const MAX_OPEN_CASES: usize = 64;
+
 /// Accusations heard, per accused and evidence.
 #[derive(Debug, Default)]
 pub struct Tally {
     by: BTreeMap<(u32, [u8; 32]), BTreeSet<u32>>,
+    /// Each witness's open cases, oldest first (at most
+    /// [`MAX_OPEN_CASES`]).
+    open: BTreeMap<u32, std::collections::VecDeque<(u32, [u8; 32])>>,
     convicted: BTreeSet<u32>,
 }
 
@@ -323,24 +333,62 @@ impl Tally {
         if a.ground.is_audit() && !policy.is_auditor(a.witness, a.step, a.accused) {
             return Err(Refused::NotAuditor);
         }
-        let by = self.by.entry((a.accused, a.evidence)).or_default();
-        by.insert(a.witness);
+        // A convicted member's cases are closed: nothing more to count.
+        if self.convicted.contains(&a.accused) {
+            return Ok(None);
+        }
+        let case = (a.accused, a.evidence);
+        let by = self.by.entry(case).or_default();
+        if by.insert(a.witness) {
+            let open = self.open.entry(a.witness).or_default();
+            open.push_back(case);
+            if open.len() > MAX_OPEN_CASES
+                && let Some(old) = open.pop_front()
+                && let Some(w) = self.by.get_mut(&old)
+            {
+                w.remove(&a.witness);
+                if w.is_empty() {
+                    self.by.remove(&old);
+                }
+            }
+        }
+        let Some(by) = self.by.get(&case) else {
+            return Ok(None);
+        };
         // A witness slashed since it accused no longer counts.
         let counted: Vec<u32> = by
             .iter()
             .copied()
             .filter(|w| policy.witnesses.contains(w))
             .collect();
-        if counted.len() < policy.audit.quorum.max(1) || self.convicted.contains(&a.accused) {
+        if counted.len() < policy.audit.quorum.max(1) {
             return Ok(None);
         }
         self.convicted.insert(a.accused);
+        // Every open case against the convicted member closes with it.
+        let closed: Vec<(u32, [u8; 32])> = self
+            .by
+            .range((a.accused, [0; 32])..=(a.accused, [u8::MAX; 32]))
+            .map(|(k, _)| *k)
+            .collect();
+        for k in &closed {
+            self.by.remove(k);
+        }
+        for open in self.open.values_mut() {
+            open.retain(|c| c.0 != a.accused);
+        }
+        self.open.retain(|_, o| !o.is_empty());
         Ok(Some(Conviction {
             accused: a.accused,
             step: a.step,
             evidence: a.evidence,
             witnesses: counted,
         }))
+    }
+
+    /// Cases still open (memory held), for tests and reports.
+    pub fn open_cases(&self) -> usize {
+        self.by.len()
     }
 
     pub fn is_convicted(&self, member: u32) -> bool {
@@ -496,6 +544,45 @@ mod tests {
         assert!(t.is_convicted(accused));
         // Convicted once.
         assert_eq!(t.add(&p, &accuse(auditors[0], [1; 32])), Ok(None));
+    }
+
+    #[test]
+    fn a_witness_flooding_accusations_on_new_evidence_holds_a_bounded_memory_and_a_real_case_still_convicts()
+     {
+        let p = policy(&[0, 1, 2, 3], 2, 0.0);
+        let accuse = |witness, accused, n: u32| Accusation {
+            witness,
+            accused,
+            step: n,
+            evidence: equivocation_evidence(&p.job, 0, n, 0, accused),
+            ground: Ground::Equivocation,
+        };
+        let mut t = Tally::default();
+        // Witness 1 accuses members 2 and 3 of ten thousand made-up cases.
+        for n in 0..10_000 {
+            assert_eq!(t.add(&p, &accuse(1, 2 + n % 2, n)), Ok(None));
+        }
+        assert!(
+            t.open_cases() <= MAX_OPEN_CASES,
+            "{} cases held for one flooding witness",
+            t.open_cases()
+        );
+        // An honest pair still convicts on a real case, and closing it
+        // frees what was held against the convicted member.
+        assert_eq!(t.add(&p, &accuse(0, 3, 20_000)), Ok(None));
+        let c = t.add(&p, &accuse(2, 3, 20_000)).unwrap().unwrap();
+        assert_eq!((c.accused, c.witnesses.clone()), (3, vec![0, 2]));
+        assert!(
+            t.open_cases() <= MAX_OPEN_CASES / 2 + 1,
+            "{}",
+            t.open_cases()
+        );
+        assert_eq!(t.add(&p, &accuse(1, 3, 20_001)), Ok(None));
+        assert!(
+            t.open_cases() <= MAX_OPEN_CASES / 2 + 1,
+            "{}",
+            t.open_cases()
+        );
     }
 
     #[test]

@@ -366,7 +366,8 @@ pub fn sum(slices: &[(&[bool], i32)], positions: usize) -> Result<Vec<i32>, Engi
 /// together cannot get the honest voters there flagged with them. Fewer
 /// than [`crate::audit::MIN_SCREENED`] slices have no majority to judge
 /// by: every one keeps its vote.
-pub fn votes(slices: &[&[bool]], min_agreement: f32) -> Vec<i32> {
+pub fn votes(slices: &[&[bool]]) -> Vec<i32> {
+    let min_agreement = crate::audit::SCREEN.agreement;
     let n = slices.len();
     if n < crate::audit::MIN_SCREENED || slices.iter().any(|s| s.len() != slices[0].len()) {
         return vec![1; n];
@@ -727,16 +728,16 @@ mod tests {
         let mut near = honest.clone();
         near[0] = !near[0];
         let slices: Vec<&[bool]> = vec![&honest, &honest, &near, &honest, &flipped];
-        assert_eq!(votes(&slices, 0.55), vec![1, 1, 1, 1, 0]);
+        assert_eq!(votes(&slices), vec![1, 1, 1, 1, 0]);
         // Two slices: no majority to judge by.
-        assert_eq!(votes(&[&honest, &flipped], 0.55), vec![1, 1]);
+        assert_eq!(votes(&[&honest, &flipped]), vec![1, 1]);
         // The same on every node whatever the order it lists them in.
         let reversed: Vec<&[bool]> = slices.iter().rev().copied().collect();
-        assert_eq!(votes(&reversed, 0.55), vec![0, 1, 1, 1, 1]);
+        assert_eq!(votes(&reversed), vec![0, 1, 1, 1, 1]);
         // Two flippers among seven: both lose their votes, nobody else does.
         let mut mixed: Vec<&[bool]> = vec![&honest[..]; 5];
         mixed.extend([&flipped[..], &flipped[..]]);
-        assert_eq!(votes(&mixed, 0.55), vec![1, 1, 1, 1, 1, 0, 0]);
+        assert_eq!(votes(&mixed), vec![1, 1, 1, 1, 1, 0, 0]);
     }
 
     #[test]

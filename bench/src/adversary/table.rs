@@ -223,8 +223,14 @@ pub fn publish(
         .num("audit_quorum", audit.quorum as f64)
         .num("audit_min_overlap", audit.min_overlap as f64)
         .num("audit_min_agreement", audit.min_agreement as f64)
-        .num("screen_support", audit.screen_support as f64)
-        .num("screen_agreement", audit.screen_agreement as f64)
+        .num(
+            "screen_support",
+            cohort_engine::audit::SCREEN.support as f64,
+        )
+        .num(
+            "screen_agreement",
+            cohort_engine::audit::SCREEN.agreement as f64,
+        )
         .num("honest_val_loss", loss.mean)
         .num("honest_val_loss_min", loss.min)
         .num("honest_val_loss_max", loss.max)

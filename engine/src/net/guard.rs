@@ -283,7 +283,7 @@ impl Guard {
             .flat_map(|(_, h)| h.iter().copied())
             .collect();
         let refs: Vec<&Payload> = cs.iter().map(|c| &c.payload).collect();
-        let verdict = audit::screen_step(layout, &refs, &window, &self.policy.audit);
+        let verdict = audit::screen_step(layout, &refs, &window);
         self.recent.insert(step, verdict.hashes.clone());
         self.recent
             .retain(|s, _| *s + audit::RECENT_STEPS > step && *s <= step);
@@ -326,8 +326,8 @@ impl Guard {
             if !self.policy.is_auditor(self.me, step, *member) {
                 continue;
             }
-            let flagged = screen.flagged(&self.policy.audit);
-            let certain = screen.needs_audit(&self.policy.audit);
+            let flagged = screen.flagged();
+            let certain = screen.needs_audit();
             let signer = &self.signer;
             let duty = self
                 .policy
@@ -453,7 +453,7 @@ impl Guard {
         let s = self.sampling.remove(&(step, member, shard))?;
         let (slice, sums) = found?;
         let agreement = audit::slice_agreement(&slice, &sums, s.listed)?;
-        let flagged = agreement < self.policy.audit.screen_agreement;
+        let flagged = agreement < audit::SCREEN.agreement;
         tracing::debug!(
             me = self.me,
             member,

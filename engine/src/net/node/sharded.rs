@@ -105,9 +105,6 @@ pub(super) struct Sharded {
     to_apply: BTreeMap<u32, ToApply>,
     /// Payloads fetched for audits: (step, member).
     gathers: BTreeMap<(u32, u32), Gather>,
-    /// The screen's least sign agreement: a listed slice below it in its
-    /// shard gets no vote there (`shard::votes`).
-    min_agreement: f32,
     /// Slices fetched for the screen: (step, member, shard) → the sample,
     /// and the sources asked so far.
     samples: BTreeMap<(u32, u32, u32), (Sample, usize)>,
@@ -179,7 +176,6 @@ impl Sharded {
             to_apply: BTreeMap::new(),
             gathers: BTreeMap::new(),
             samples: BTreeMap::new(),
-            min_agreement: cfg.policy().audit.screen_agreement,
         })
     }
 
@@ -287,11 +283,8 @@ impl Sharded {
             .filter_map(|m| r.got.get(m))
             .map(Vec::as_slice)
             .collect();
-        let weighted: Vec<(&[bool], i32)> = slices
-            .iter()
-            .copied()
-            .zip(shard::votes(&slices, self.min_agreement))
-            .collect();
+        let weighted: Vec<(&[bool], i32)> =
+            slices.iter().copied().zip(shard::votes(&slices)).collect();
         let Ok(sums) = shard::sum(&weighted, self.shards[shard as usize].positions) else {
             self.ex.on_recompute_failed(now, step, shard);
             return;
@@ -899,7 +892,7 @@ impl Net {
                 // A slice against the others in this shard gets no vote
                 // (`shard::votes`, the screen every recomputation applies).
                 let refs: Vec<&[bool]> = slices.iter().map(Vec::as_slice).collect();
-                let votes = shard::votes(&refs, sh.min_agreement);
+                let votes = shard::votes(&refs);
                 net.stats.unvoted += votes.iter().filter(|v| **v == 0).count() as u64;
                 let weighted: Vec<(&[bool], i32)> = refs.iter().copied().zip(votes).collect();
                 let Ok(mut sums) = shard::sum(&weighted, sh.shards[shard as usize].positions)
