@@ -366,6 +366,8 @@ fn sharded(
     println!(
         "\nsharded exchange (design), {redundancy} aggregators a shard, {spots} spot check(s), {backups} backups:"
     );
+    // Where each run's upload goes, for the table after the prose.
+    let mut uploads = String::new();
     for base in bases {
         let nodes = base.nodes;
         for (sum, bits) in [("integer", 0), ("sign", 2)] {
@@ -408,7 +410,27 @@ fn sharded(
             );
             md.push_str(&line);
             md.push('\n');
+            let u = net.uploads;
+            uploads.push_str(&format!(
+                "| {nodes} | {sum} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |\n",
+                u.pushes / pay,
+                u.sums / pay,
+                u.recomputes / pay,
+                u.slices / pay,
+                u.gossip / pay,
+                net.up_mean / pay,
+            ));
             let key = format!("sharded{nodes}_{sum}");
+            f.num(&format!("{key}_upload_pushes_payloads"), u.pushes / pay)
+                .num(&format!("{key}_upload_sums_payloads"), u.sums / pay)
+                .num(
+                    &format!("{key}_upload_recompute_slices_payloads"),
+                    u.recomputes / pay,
+                )
+                .num(
+                    &format!("{key}_upload_other_slices_payloads"),
+                    u.slices / pay,
+                );
             f.num(&format!("{key}_sum_bits"), bits as f64)
                 .num(
                     &format!("{key}_aggregate_payloads"),
@@ -453,11 +475,15 @@ fn sharded(
             steps_override.map_or(0.0, |s| s as f64),
         );
     md.push_str(&format!(
-        "\nHow to read it: *contributed-token efficiency* compares the design with itself on a free network and counts contributions applied per second, so a slower step that lists more members can score as well as a fast one that lists fewer, and above 1 when the free run leaves out more than the run over links: *share of ideal* is the figure to judge it by. *Share of ideal (free)* is the most this step agreement reaches with no network cost: a step keeps the pace of the members its leader waits for, and with speeds spread by ±15% ({compute_secs:.1} s of compute on average) the slowest take about 15% longer than the mean; the collect window ({:.2}× the leader's compute time, at least {:.0} s) decides how many of them are waited for, in this design and in the all-to-all baseline above alike. Traffic counts every byte a node sends or receives per applied step, in payloads; the issue's bound is about three payloads plus one aggregate (the *aggregate* column): {redundancy} pushes, one spot check, and the sums served and received. Recomputations beyond the spot checks are backups for seats still silent {:.0} s after their partner signed, or all silent {:.0} s after the manifest. *After compute* is where a step's time goes, mean seconds from a node's compute of the step ending until the step's manifest reached it, every shard's sum was accepted, and the step was applied. *Of which gossip*: the job's gossip, which takes its bytes a second off every link in both designs (`net::liveness::gossip_bytes_per_sec`): heartbeats at the job's capped rate (every 0.5 s per member up to 50 members, then 100 a second for the whole job), every member's announcement, 1.5 manifests and (sharded) every seat's sum hash a step, each received and relayed about 6 times (gossipsub's mesh). Against the node's measured gossip at 8 members (`cohort-bench traffic`, about 47 kB/s) this model gives about 34 kB/s: it leaves gossipsub's own control messages out. Not modelled: the witnesses' sampled slices and audits on this path (`Guard::draw_sharded`; see `docs/p2p.md`).\n",
+        "\nHow to read it: *contributed-token efficiency* compares the design with itself on a free network and counts contributions applied per second, so a slower step that lists more members can score as well as a fast one that lists fewer, and above 1 when the free run leaves out more than the run over links: *share of ideal* is the figure to judge it by. *Share of ideal (free)* is the most this step agreement reaches with no network cost: a step keeps the pace of the members its leader waits for, and with speeds spread by ±15% ({compute_secs:.1} s of compute on average) the slowest take about 15% longer than the mean; the collect window ({:.2}× the leader's compute time, at least {:.0} s) decides how many of them are waited for, in this design and in the all-to-all baseline above alike. Traffic counts every byte a node sends or receives per applied step, in payloads; the issue's bound is about three payloads plus one aggregate (the *aggregate* column): {redundancy} pushes, one spot check, and the sums served and received. Recomputations beyond the spot checks are backups for seats still silent {:.0} s after their partner signed, or all silent {:.0} s after the manifest (the shard's first hash is taken at its word {:.0} s after it came). *After compute* is where a step's time goes, mean seconds from a node's compute of the step ending until the step's manifest reached it, every shard's sum was accepted, and the step was applied. *Of which gossip*: the job's gossip, which takes its bytes a second off every link in both designs (`net::liveness::gossip_bytes_per_sec`): heartbeats at the job's capped rate (every 0.5 s per member up to 50 members, then 100 a second for the whole job), every member's announcement, 1.5 manifests and (sharded) every seat's sum hash a step, each received and relayed about 6 times (gossipsub's mesh). Against the node's measured gossip at 8 members (`cohort-bench traffic`, about 47 kB/s) this model gives about 34 kB/s: it leaves gossipsub's own control messages out. Not modelled: the witnesses' sampled slices and audits on this path (`Guard::draw_sharded`; see `docs/p2p.md`).\n",
         bases.first().map_or(0.0, |b| b.timing.collect_share),
         bases.first().map_or(0.0, |b| b.timing.collect.as_secs_f64()),
-        timing.agree.as_secs_f64(),
         timing.silent.as_secs_f64(),
+        timing.silent.as_secs_f64(),
+        timing.agree.as_secs_f64(),
+    ));
+    md.push_str(&format!(
+        "\nWhere each node's upload goes, in payloads per node per applied step (means over nodes): its own slices pushed to the seats, sums served as a seat, slices served to recomputations (spot checks and backups), slices served to seats that lacked them (and to probes), and gossip.\n\n| nodes | sum | pushes | sums served | recomputations served | other slices | gossip | total |\n|---|---|---|---|---|---|---|---|\n{uploads}"
     ));
     Ok(())
 }

@@ -89,6 +89,23 @@ pub struct ShardedResult {
     /// Where a step's time goes: mean seconds from a node's compute of a
     /// step ending to each later mark of that step at that node.
     pub phases: Phases,
+    /// What `up_mean` carries, per node per applied step.
+    pub uploads: Uploads,
+}
+
+/// A node's upload per applied step by what it carries (means over nodes).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Uploads {
+    /// Its own slices, pushed to each shard's seats.
+    pub pushes: f64,
+    /// Sums served, as a seat.
+    pub sums: f64,
+    /// Slices served to recomputations (spot checks and backups).
+    pub recomputes: f64,
+    /// Slices served to seats that lacked them, to probes and hand-overs.
+    pub slices: f64,
+    /// The job's gossip: heartbeats, announcements, manifests, sum hashes.
+    pub gossip: f64,
 }
 
 /// Mean seconds after a node finished computing a step until it reached
@@ -264,6 +281,9 @@ struct Node {
     down_bytes: f64,
     /// Of them, each way: the job's gossip.
     gossip_bytes: f64,
+    /// Of `up_bytes`: pushes, sums, recomputations' slices, other slices
+    /// (as [`Uploads`]).
+    up_kinds: [f64; 4],
     recomputes: u64,
     /// The step machine's next deadline when it was last polled.
     steps_deadline: Option<Duration>,
@@ -347,6 +367,7 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
                 up_bytes: 0.0,
                 down_bytes: 0.0,
                 gossip_bytes: 0.0,
+                up_kinds: [0.0; 4],
                 recomputes: 0,
                 steps_deadline: None,
                 marks: BTreeMap::new(),
@@ -512,9 +533,14 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
                 for (to, what) in done {
                     let b = bytes(&what, listed[step_of(&what) as usize]);
                     nodes[node as usize].up_bytes += b;
-                    if matches!(what, What::Gossip { .. }) {
-                        continue;
-                    }
+                    let kind = match what {
+                        What::Gossip { .. } => continue,
+                        What::Push { .. } => 0,
+                        What::Sum { .. } => 1,
+                        What::Slices { .. } => 2,
+                        What::Slice { .. } | What::Probe { .. } | What::Hand { .. } => 3,
+                    };
+                    nodes[node as usize].up_kinds[kind] += b;
                     let lat = link(&nodes, node, to);
                     let dst = &mut nodes[to as usize];
                     dst.down_bytes += b;
@@ -1007,6 +1033,7 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
     let (up_mean, up_max) = per(|x| x.up_bytes);
     let (gossip, _) = per(|x| x.gossip_bytes);
     let (down_mean, down_max) = per(|x| x.down_bytes);
+    let per_kind = |i: usize| nodes.iter().map(|x| x.up_kinds[i]).sum::<f64>() / k / steps;
     ShardedResult {
         run: SimResult {
             secs: total,
@@ -1031,6 +1058,13 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
         recomputes: nodes.iter().map(|x| x.recomputes as f64).sum::<f64>() / k / steps,
         convictions,
         phases: phases(&nodes),
+        uploads: Uploads {
+            pushes: per_kind(0),
+            sums: per_kind(1),
+            recomputes: per_kind(2),
+            slices: per_kind(3),
+            gossip,
+        },
     }
 }
 
@@ -1148,6 +1182,16 @@ mod tests {
             "{small:?} {large:?}"
         );
         assert!(large.gossip > small.gossip);
+        // The breakdown accounts for every byte sent, and each node pushes
+        // about r payloads of its own.
+        for r in [&small, &large] {
+            let u = r.uploads;
+            let sum = u.pushes + u.sums + u.recomputes + u.slices + u.gossip;
+            assert!((sum - r.up_mean).abs() < 1e-6 * r.up_mean, "{u:?} {r:?}");
+            let pushed = u.pushes / cfg(16).base.payload_bytes as f64;
+            assert!((1.5..3.0).contains(&pushed), "{pushed} payloads pushed");
+            assert!(u.sums > 0.0 && u.recomputes > 0.0, "{u:?}");
+        }
     }
 
     #[test]

@@ -505,6 +505,42 @@ fn an_unanswered_sum_request_holds_its_asker_for_the_hedge_delay_only() {
 }
 
 #[test]
+fn a_node_whose_seats_all_answer_slowly_hedges_a_twentieth_of_its_requests_beyond_its_saved_ones() {
+    // Every seat's answers are late (here: never come), as when every
+    // uplink is merely full. Hedging each request would only add to the
+    // load that made them late.
+    let shards = 256;
+    let mut w = World::new(8, shards, 2, none, none);
+    w.hung.extend(0..8);
+    for x in &mut w.nodes {
+        x.on_computed(0);
+    }
+    w.settle();
+    let members: Vec<u32> = w.announced.iter().copied().collect();
+    for x in &mut w.nodes {
+        x.on_manifest(w.now, 0, M, &members);
+    }
+    w.run_until(Duration::from_secs(60));
+    for i in 0..8u32 {
+        let asked = w
+            .unanswered
+            .iter()
+            .filter(|(n, a)| *n == i && matches!(a, Action::FetchSum { .. }))
+            .count();
+        // One first request per shard it does not sit on, and hedges
+        // within the budget.
+        let own = w.seats.iter().filter(|s| s.contains(&i)).count();
+        let first = shards - own;
+        let hedges = asked - first;
+        assert!(
+            hedges as f64 <= HEDGE_BURST + HEDGE_SHARE * first as f64 + 1.0,
+            "node {i}: {hedges} hedges for {first} requests"
+        );
+        assert!(hedges >= HEDGE_BURST as usize, "node {i}: {hedges} hedges");
+    }
+}
+
+#[test]
 fn a_seat_whose_slice_request_goes_unanswered_asks_the_other_seat_after_the_hedge_delay() {
     let seats = seats8();
     let [a, b] = [seats[0][0], seats[0][1]];
@@ -541,6 +577,73 @@ fn a_liar_whose_partner_is_silent_is_caught_by_a_backup_check() {
     for x in &w.nodes {
         assert_eq!(x.accepted(0, 0), Some(truth(0)));
     }
+}
+
+#[test]
+fn a_partner_that_signs_a_few_seconds_late_sets_no_backup_recomputing_its_shard() {
+    // With thousands of seats a step some partner is always late; its hash
+    // checks the first as well as a recomputation would.
+    let seats = seats8();
+    let late = seats[0][1];
+    let checker = (0..8).find(|i| !seats[0].contains(i)).unwrap();
+    let mut w = World::new(8, 8, 2, none, only(checker));
+    w.silent.insert(late);
+    for x in &mut w.nodes {
+        x.on_computed(0);
+    }
+    w.settle();
+    let members: Vec<u32> = w.announced.iter().copied().collect();
+    for x in &mut w.nodes {
+        x.on_manifest(w.now, 0, M, &members);
+    }
+    let timing = Timing::default();
+    let signs_at = timing.agree + (timing.silent - timing.agree) / 2;
+    w.run_until(signs_at);
+    // Taken at the first seat's word meanwhile, and not recomputed.
+    assert!(w.everyone_applied_once(), "{:?}", w.applied);
+    assert!(!w.recomputed.contains(&(checker, 0)));
+    // The late seat signs the same sum.
+    w.now = signs_at;
+    w.silent.remove(&late);
+    w.signed.insert((0, late), truth(0));
+    for x in &mut w.nodes {
+        x.on_sum_hash(signs_at, 0, 0, late, M, truth(0));
+    }
+    w.run();
+    assert!(!w.recomputed.contains(&(checker, 0)), "a backup recomputed");
+    assert!(w.everyone_applied_once(), "{:?}", w.applied);
+    assert!(w.rewound.is_empty() && w.convicted.is_empty());
+}
+
+#[test]
+fn a_spot_check_starts_once_the_shard_s_sum_is_taken_not_before() {
+    // Before, every spot check went out with the manifest: on the seats'
+    // uplinks beside the sums the step waits for, and done again whenever
+    // a better manifest replaced the first.
+    let seats = seats8();
+    let spotter = (0..8).find(|i| !seats[0].contains(i)).unwrap();
+    let mut w = World::new(8, 8, 2, only(spotter), none);
+    // Shard 0 is taken `agree` after its one hash.
+    w.silent.insert(seats[0][1]);
+    for x in &mut w.nodes {
+        x.on_computed(0);
+    }
+    w.settle();
+    let members: Vec<u32> = w.announced.iter().copied().collect();
+    for x in &mut w.nodes {
+        x.on_manifest(w.now, 0, M, &members);
+    }
+    let timing = Timing::default();
+    w.run_until(timing.agree / 2);
+    assert_eq!(w.nodes[spotter as usize].accepted(0, 0), None);
+    assert!(
+        !w.recomputed.contains(&(spotter, 0)),
+        "checked before taking"
+    );
+    w.run();
+    assert_eq!(w.nodes[spotter as usize].accepted(0, 0), Some(truth(0)));
+    assert!(w.recomputed.contains(&(spotter, 0)), "never checked");
+    assert!(w.everyone_applied_once(), "{:?}", w.applied);
 }
 
 #[test]
