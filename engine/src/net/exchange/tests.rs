@@ -318,6 +318,13 @@ impl World {
     /// Every node computes; once all have announced, the manifest lists
     /// them all.
     fn step(&mut self) {
+        self.open_step();
+        self.run();
+    }
+
+    /// Step 0 up to its manifest: every node computed and pushed, the
+    /// announced members listed; nothing run after that.
+    fn open_step(&mut self) {
         for x in &mut self.nodes {
             x.on_computed(0);
         }
@@ -326,7 +333,6 @@ impl World {
         for x in &mut self.nodes {
             x.on_manifest(self.now, 0, M, &members);
         }
-        self.run();
     }
 
     /// Every seat of `shard` signs and serves the same wrong sum.
@@ -512,14 +518,7 @@ fn a_node_whose_seats_all_answer_slowly_hedges_a_twentieth_of_its_requests_beyon
     let shards = 256;
     let mut w = World::new(8, shards, 2, none, none);
     w.hung.extend(0..8);
-    for x in &mut w.nodes {
-        x.on_computed(0);
-    }
-    w.settle();
-    let members: Vec<u32> = w.announced.iter().copied().collect();
-    for x in &mut w.nodes {
-        x.on_manifest(w.now, 0, M, &members);
-    }
+    w.open_step();
     w.run_until(Duration::from_secs(60));
     for i in 0..8u32 {
         let asked = w
@@ -588,14 +587,7 @@ fn a_partner_that_signs_a_few_seconds_late_sets_no_backup_recomputing_its_shard(
     let checker = (0..8).find(|i| !seats[0].contains(i)).unwrap();
     let mut w = World::new(8, 8, 2, none, only(checker));
     w.silent.insert(late);
-    for x in &mut w.nodes {
-        x.on_computed(0);
-    }
-    w.settle();
-    let members: Vec<u32> = w.announced.iter().copied().collect();
-    for x in &mut w.nodes {
-        x.on_manifest(w.now, 0, M, &members);
-    }
+    w.open_step();
     let timing = Timing::default();
     let signs_at = timing.agree + (timing.silent - timing.agree) / 2;
     w.run_until(signs_at);
@@ -625,14 +617,7 @@ fn a_spot_check_starts_once_the_shard_s_sum_is_taken_not_before() {
     let mut w = World::new(8, 8, 2, only(spotter), none);
     // Shard 0 is taken `agree` after its one hash.
     w.silent.insert(seats[0][1]);
-    for x in &mut w.nodes {
-        x.on_computed(0);
-    }
-    w.settle();
-    let members: Vec<u32> = w.announced.iter().copied().collect();
-    for x in &mut w.nodes {
-        x.on_manifest(w.now, 0, M, &members);
-    }
+    w.open_step();
     let timing = Timing::default();
     w.run_until(timing.agree / 2);
     assert_eq!(w.nodes[spotter as usize].accepted(0, 0), None);
@@ -1066,14 +1051,7 @@ fn a_member_serving_everyone_but_the_seats_has_its_slice_handed_to_them() {
 #[test]
 fn a_seat_s_claim_that_an_honest_member_withholds_its_slice_drops_nobody() {
     let mut w = World::new(8, 8, 2, none, none);
-    for x in &mut w.nodes {
-        x.on_computed(0);
-    }
-    w.settle();
-    let members: Vec<u32> = w.announced.iter().copied().collect();
-    for x in &mut w.nodes {
-        x.on_manifest(w.now, 0, M, &members);
-    }
+    w.open_step();
     // A seat of shard 0 claims, of every member, that nobody serves it.
     let liar = w.seats[0][0];
     for m in 0..8 {
