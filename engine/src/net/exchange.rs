@@ -525,6 +525,19 @@ impl HedgeBudget {
         self.tokens >= 1.0
     }
 
+    /// Whether a request may go now for `ask`: a first one when `free`
+    /// (none out, no retry pending), else a hedge if one is overdue and
+    /// the budget has one. `Some(hedging)` if it may.
+    fn may_ask(&self, ask: &Asking, free: bool, now: Duration, hedge: Duration) -> Option<bool> {
+        if free {
+            Some(false)
+        } else if ask.hedge_due(now, hedge) && self.ready() {
+            Some(true)
+        } else {
+            None
+        }
+    }
+
     /// A request went: a first one earns, a hedge spends.
     fn sent(&mut self, hedge: bool) {
         if hedge {
@@ -532,6 +545,13 @@ impl HedgeBudget {
         } else {
             self.tokens = (self.tokens + HEDGE_SHARE).min(HEDGE_BURST);
         }
+    }
+
+    /// When to look at `ask` again for a hedge: none while the budget is
+    /// spent and the hedge is already due (the answer, or its failure,
+    /// wakes it instead).
+    fn wake_at(&self, ask: &Asking, now: Duration, hedge: Duration) -> Option<Duration> {
+        ask.hedge_at(hedge).filter(|t| *t > now || self.ready())
     }
 }
 
@@ -1174,8 +1194,7 @@ impl Exchange {
                     asking, claimed, ..
                 } = a;
                 for (&m, ask) in asking.iter_mut() {
-                    let hedging = ask.out > 0 && ask.hedge_due(now, hedge);
-                    if ask.out == 0 || (hedging && self.hedges.ready()) {
+                    if let Some(hedging) = self.hedges.may_ask(ask, ask.out == 0, now, hedge) {
                         // The member first, then the shard's other aggregators.
                         let sources: Vec<u32> = std::iter::once(m)
                             .chain(seats.iter().copied().filter(|&x| x != m))
@@ -1202,10 +1221,7 @@ impl Exchange {
                             });
                         }
                     }
-                    // (No hedge left: the answer, or its failure, wakes it.)
-                    if let Some(t) = ask.hedge_at(hedge)
-                        && (t > now || self.hedges.ready())
-                    {
+                    if let Some(t) = self.hedges.wake_at(ask, now, hedge) {
                         self.timers.insert((t, step, shard));
                     }
                 }
@@ -1213,7 +1229,7 @@ impl Exchange {
         }
         let mut looked = Vec::new();
         for (&k, p) in st.probes.iter_mut().filter(|(k, _)| k.1 == shard) {
-            if let Some(t) = p.drive(&mut looked, now, step, k, hedge) {
+            if let Some(t) = p.drive(&mut looked, &mut self.hedges, now, step, k, hedge) {
                 self.timers.insert((t, step, shard));
             }
         }
@@ -1308,14 +1324,14 @@ impl Exchange {
                 }
             }
             let free = r.ask.out == 0 && r.due.is_none_or(|d| d <= now);
-            let hedging = !free && r.ask.hedge_due(now, hedge);
+            let asking = self.hedges.may_ask(&r.ask, free, now, hedge);
             if r.recompute {
                 // Only the recomputation decides it.
             } else if let Some(h) = own.and_then(|i| signed_for[i]) {
                 // This node's own sum.
                 r.got = Some(h);
             } else if r.got.is_none()
-                && (free || (hedging && self.hedges.ready()))
+                && let Some(hedging) = asking
                 && (own.is_none() || silent)
             {
                 // (An aggregator fetches another seat's sum only when its
@@ -1336,8 +1352,8 @@ impl Exchange {
                     self.out.push(Action::FetchSum { step, shard, from });
                 }
             }
-            if let Some(t) = r.ask.hedge_at(hedge).filter(|_| r.got.is_none())
-                && (t > now || self.hedges.ready())
+            if let Some(t) = self.hedges.wake_at(&r.ask, now, hedge)
+                && r.got.is_none()
             {
                 self.timers.insert((t, step, shard));
             }

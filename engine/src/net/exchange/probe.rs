@@ -14,7 +14,7 @@
 //! seat claims only for the shards it sits on: a seat claiming every
 //! member costs each node a slice per member and shard of its own.
 
-use super::{Action, Asking, Exchange, ManifestId, Verdict};
+use super::{Action, Asking, Exchange, HedgeBudget, ManifestId, Verdict};
 use std::collections::BTreeSet;
 use std::time::Duration;
 
@@ -42,6 +42,7 @@ impl Probe {
     pub(super) fn drive(
         &mut self,
         out: &mut Vec<Action>,
+        hedges: &mut HedgeBudget,
         now: Duration,
         step: u32,
         (member, shard): (u32, u32),
@@ -56,10 +57,13 @@ impl Probe {
             self.given_up = true;
             out.push(Action::Withheld { step, member });
         }
-        if (free || self.ask.hedge_due(now, hedge)) && k > 0 {
+        if let Some(hedging) = hedges.may_ask(&self.ask, free, now, hedge)
+            && k > 0
+        {
             let order = (0..k).map(|i| self.sources[(self.ask.tried + i) % k]);
             if let Some(from) = self.ask.next(order) {
                 self.ask.sent(now, from);
+                hedges.sent(hedging);
                 self.due = None;
                 out.push(Action::Probe {
                     step,
@@ -69,7 +73,7 @@ impl Probe {
                 });
             }
         }
-        self.ask.hedge_at(hedge).or(self.due)
+        hedges.wake_at(&self.ask, now, hedge).or(self.due)
     }
 }
 
