@@ -11,7 +11,9 @@
 //! 1. A member pushes its slice of each shard to that shard's aggregators
 //!    and asks to announce its contribution only once every shard has
 //!    reached at least one of them, so a manifest never lists a
-//!    contribution that no aggregator holds.
+//!    contribution that no aggregator holds. Pushes of the last few
+//!    shards that stopped arriving are sent again after `hedge` (a lost
+//!    request is otherwise learnt only at its deadline).
 //! 2. Once the manifest is known, an aggregator waits `wait` for pushes
 //!    still in flight, then fetches each listed slice it lacks (from the
 //!    member, then from the shard's other aggregators), sums, and signs
@@ -83,7 +85,8 @@ pub struct Plan {
     pub shards: usize,
     /// Aggregators (seats) per shard, and reserve seats per shard.
     pub redundancy: usize,
-    /// Shards each node recomputes from their slices every step.
+    /// Nodes, on average, that recompute each shard from its slices every
+    /// step ([`checks`]: one shard a node when there is one per member).
     pub spots: usize,
     /// Nodes, on average, that recompute a shard one of whose seats is
     /// silent.
@@ -172,9 +175,14 @@ pub fn seating(
     Ok((seats, reserve))
 }
 
-/// The shards a node recomputes at a step: `spots` of them every time, and
-/// each shard as a backup with probability `backups / members`, from
-/// uniform draws in [0, 1) only that node can make (`next`).
+/// The shards a node recomputes at a step, from uniform draws in [0, 1)
+/// only that node can make (`next`): spot checks enough that each shard is
+/// checked by `spots` nodes on average (`spots · shards / members` a node,
+/// its fraction drawn), and each shard as a backup with probability
+/// `backups / members`. With one shard per member a node spot-checks
+/// `spots` shards every step; with fewer, larger shards it checks one less
+/// often, so a check's bytes and a liar's odds of being caught stay the
+/// same whatever the shard count.
 pub fn checks(
     shards: usize,
     spots: usize,
@@ -182,8 +190,14 @@ pub fn checks(
     members: usize,
     mut next: impl FnMut() -> f64,
 ) -> (BTreeSet<u32>, BTreeSet<u32>) {
+    let per_node = spots as f64 * shards as f64 / members.max(1) as f64;
+    let mut count = per_node.floor() as usize;
+    let frac = per_node - per_node.floor();
+    if frac > 1e-9 && next() < frac {
+        count += 1;
+    }
     let mut chosen = BTreeSet::new();
-    while chosen.len() < spots.min(shards) {
+    while chosen.len() < count.min(shards) {
         chosen.insert(((next() * shards as f64) as u32).min(shards as u32 - 1));
     }
     let p = backups as f64 / members.max(1) as f64;
@@ -461,6 +475,10 @@ struct Step {
     announced: bool,
     /// Pushes to retry: (due, shard, aggregator).
     push_retry: Vec<(Duration, u32, u32)>,
+    /// Shards not yet reached, and since when that count stood: pushes
+    /// that stopped arriving while a few shards are still unreached were
+    /// lost, and are sent again ([`PUSH_STRAGGLERS`]).
+    push_watch: Option<(usize, Duration)>,
     agg: BTreeMap<u32, Agg>,
     recv: Vec<Recv>,
     /// Per (member, shard) a seat said is withheld, this node's own look.
@@ -487,6 +505,11 @@ pub struct Exchange {
     answers: AnswerTime,
     hedges: HedgeBudget,
 }
+
+/// A member sends again the pushes of at most one shard in this many (and
+/// at least one shard) once its pushes have stopped arriving for `hedge`:
+/// those were lost, not slow.
+const PUSH_STRAGGLERS: usize = 100;
 
 /// Deviations past the mean answer time before a hedge (TCP waits 4 before
 /// it retransmits; a hedge costs less than a time-out, and "The Tail at
@@ -723,6 +746,7 @@ impl Exchange {
                 computed: false,
                 announced: false,
                 push_retry: Vec::new(),
+                push_watch: None,
                 agg,
                 recv,
                 probes: BTreeMap::new(),
@@ -1155,6 +1179,43 @@ impl Exchange {
         };
         // The member's side: retries and the announcement.
         if st.computed && !st.announced {
+            // A push lost on the way is learnt only at its deadline, and
+            // the announcement waits for every shard: at 1,000 shards and
+            // 1% of requests lost, a tenth of the members would wait that
+            // long every step, and the leader with them. Once pushes have
+            // stopped arriving for `hedge` with only a few shards left,
+            // those few are sent again (never more: a member whose pushes
+            // are merely slow, its uplink shared with the sums it serves,
+            // has most of its shards left).
+            if st
+                .push_watch
+                .is_none_or(|(left, _)| left != st.reached_left)
+            {
+                st.push_watch = Some((st.reached_left, now));
+            }
+            let since = st.push_watch.map_or(now, |w| w.1);
+            let few = (st.seats.len() / PUSH_STRAGGLERS).max(1);
+            if st.reached_left > 0 && st.reached_left <= few {
+                let due = since + timing.hedge;
+                if now >= due {
+                    for (s, seats) in st.seats.iter().enumerate() {
+                        if st.reached[s] {
+                            continue;
+                        }
+                        for &to in seats.iter().filter(|&&to| to != me) {
+                            self.out.push(Action::Push {
+                                step,
+                                shard: s as u32,
+                                to,
+                            });
+                        }
+                    }
+                    st.push_watch = Some((st.reached_left, now));
+                    self.timers.insert((now + timing.hedge, step, u32::MAX));
+                } else {
+                    self.timers.insert((due, step, u32::MAX));
+                }
+            }
             let mut keep = Vec::new();
             for (due, s, to) in std::mem::take(&mut st.push_retry) {
                 if st.reached[s as usize] {

@@ -25,7 +25,8 @@ pub struct ShardedConfig {
     pub redundancy: usize,
     /// Shards per step; 0 means one per member.
     pub shards: usize,
-    /// Shards each node recomputes from their slices every step.
+    /// Nodes, on average, that recompute each shard from its slices every
+    /// step ([`exchange::checks`]).
     pub spots: usize,
     /// Nodes, on average, that recompute a shard one of whose aggregators
     /// is silent.

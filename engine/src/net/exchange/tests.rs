@@ -20,6 +20,14 @@ struct World {
     silent: BTreeSet<u32>,
     /// Pushes (member, aggregator) that fail.
     lost: BTreeSet<(u32, u32)>,
+    /// Pushes (member, shard, aggregator) that vanish, once each: no
+    /// answer, no word that they failed (the member learns nothing before
+    /// its request deadline, which these tests never reach).
+    vanish: BTreeSet<(u32, u32, u32)>,
+    /// Pushes held in flight (a member's uplink still busy).
+    in_flight: Vec<(u32, Action)>,
+    /// Members whose pushes are all held in flight.
+    slow_uplinks: BTreeSet<u32>,
     /// Nodes whose answers to slice and sum requests never arrive (nor
     /// does word that they failed): the requests that did so.
     hung: BTreeSet<u32>,
@@ -103,6 +111,9 @@ impl World {
             liars: BTreeSet::new(),
             silent: BTreeSet::new(),
             lost: BTreeSet::new(),
+            vanish: BTreeSet::new(),
+            in_flight: Vec::new(),
+            slow_uplinks: BTreeSet::new(),
             hung: BTreeSet::new(),
             unanswered: Vec::new(),
             slow_checks: false,
@@ -192,6 +203,13 @@ impl World {
             }
             Action::Push { step, shard, to } => {
                 *self.pushes.entry(i).or_default() += 1;
+                if self.slow_uplinks.contains(&i) {
+                    self.in_flight.push((i, a));
+                    return;
+                }
+                if self.vanish.remove(&(i, shard, to)) {
+                    return;
+                }
                 if self.lost.contains(&(i, to)) {
                     self.nodes[i as usize].on_push_failed(now, step, shard, to);
                 } else {
@@ -1081,4 +1099,95 @@ fn a_seat_s_claim_that_an_honest_member_withholds_its_slice_drops_nobody() {
     assert!(w.everyone_applied_once(), "{:?}", w.applied);
     // Each node looked once per member and handed the liar what it got.
     assert!(w.forwarded.iter().all(|f| f.1 == liar));
+}
+
+#[test]
+fn each_shard_is_spot_checked_by_the_same_number_of_nodes_whatever_the_shard_count() {
+    // A seeded stream of uniform draws.
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state >> 11) as f64 / (1u64 << 53) as f64
+    };
+    let members = 1000;
+    for shards in [1000usize, 250, 40] {
+        let mut per_shard = vec![0u32; shards];
+        for _node in 0..members {
+            let (spots, _) = checks(shards, 1, 0, members, &mut next);
+            for s in spots {
+                per_shard[s as usize] += 1;
+            }
+        }
+        // One node a shard on average, so `shards` checks in all: not one
+        // a node whatever the shard count, which with 40 shards would check
+        // each 25 times, each check costing a shard of every member's
+        // slices (25 payloads a node).
+        let total: u32 = per_shard.iter().sum();
+        let expected = shards as f64;
+        assert!(
+            (total as f64 - expected).abs() <= 0.35 * expected,
+            "{shards} shards: {total} spot checks"
+        );
+    }
+    // One shard a member: every node checks exactly one, as before.
+    let (spots, _) = checks(1000, 1, 0, 1000, &mut next);
+    assert_eq!(spots.len(), 1);
+}
+
+#[test]
+fn a_member_whose_pushes_of_one_shard_vanished_sends_them_again_once_the_rest_stopped_arriving() {
+    let mut w = World::new(8, 8, 2, none, none);
+    // Member 3's pushes of one shard it does not seat vanish (a dropped
+    // request is learnt only at its deadline, 5 s and more); every other
+    // push arrives.
+    let shard = (0..8u32)
+        .find(|&s| !w.seats[s as usize].contains(&3))
+        .unwrap();
+    for &to in &w.seats[shard as usize].clone() {
+        w.vanish.insert((3, shard, to));
+    }
+    for x in &mut w.nodes {
+        x.on_computed(0);
+    }
+    w.settle();
+    assert!(!w.announced.contains(&3));
+    let first = w.pushes[&3];
+    // Nothing more arrives: `hedge` later those two pushes go again, and
+    // only those.
+    let hedge = Timing::default().hedge;
+    w.run_until(hedge - Duration::from_millis(1));
+    assert!(!w.announced.contains(&3), "sent again before `hedge`");
+    w.run_until(hedge);
+    assert!(w.announced.contains(&3), "not sent again at `hedge`");
+    assert_eq!(w.pushes[&3], first + 2);
+    assert_eq!(w.announced.len(), 8);
+}
+
+#[test]
+fn a_member_whose_pushes_are_merely_slow_sends_none_again() {
+    let mut w = World::new(8, 8, 2, none, none);
+    w.slow_uplinks.insert(3);
+    for x in &mut w.nodes {
+        x.on_computed(0);
+    }
+    w.settle();
+    let first = w.pushes[&3];
+    // Its uplink is busy for ten hedge delays: every shard is still
+    // unreached, none is pushed twice.
+    w.run_until(Timing::default().hedge * 10);
+    assert_eq!(w.pushes[&3], first);
+    assert!(!w.announced.contains(&3));
+    // They arrive; it announces.
+    w.slow_uplinks.clear();
+    for (i, a) in std::mem::take(&mut w.in_flight) {
+        if let Action::Push { step, shard, to } = a {
+            w.nodes[to as usize].on_slice(step, shard, i);
+            w.nodes[i as usize].on_pushed(step, shard);
+        }
+    }
+    w.settle();
+    assert!(w.announced.contains(&3));
+    assert_eq!(w.pushes[&3], first);
 }
