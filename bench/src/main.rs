@@ -27,7 +27,8 @@ const USAGE: &str = "usage: cohort-bench <convergence|engine|efficiency|simulate
                --methods adamw,sign,cohort,shared (also: topagg<K>) --schedule stale|lockstep
                --reference yes --members 4 --batch 8 --arch --topk 4 (top-k rule)
                --shared-k 61 (shared rule) --decode sign|rms --adaptive 0
-               --eval-windows 64 --max-runs N --plan yes (list the runs still to do)
+               --eval-windows 64 --max-runs N --part i/n (every n-th run from the i-th:
+               n processes share a sweep) --plan yes (list the runs still to do)
                --name convergence (another name publishes its own section and JSON)
   engine       one member's training tokens/s vs the same model in PyTorch
                flags: --arch --batch --steps --backend (auto|cpu|wgpu|cuda) --threads --repeats 3

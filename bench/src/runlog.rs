@@ -37,10 +37,15 @@ pub fn append(path: &Path, line: &Value) -> Result<()> {
         .append(true)
         .open(path)
         .with_context(|| format!("opening {}", path.display()))?;
-    if torn {
-        writeln!(f)?;
-    }
-    writeln!(f, "{line}")?;
+    // One write of the whole line: with the file opened for appending, a
+    // line from another process sharing the sweep (`--part`) cannot land
+    // inside it.
+    let text = if torn {
+        format!("\n{line}\n")
+    } else {
+        format!("{line}\n")
+    };
+    f.write_all(text.as_bytes())?;
     f.sync_data()?;
     Ok(())
 }

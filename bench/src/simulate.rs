@@ -35,6 +35,7 @@ const FLAGS: &[&str] = &[
     "collect-share",
     "fetch-failure",
     "redundancy",
+    "members-per-shard",
     "spots",
     "backups",
     "sharded-steps",
@@ -156,8 +157,8 @@ pub fn run(raw: &[String]) -> Result<()> {
         ),
         "*contributed-token efficiency*: contributions in the manifests the nodes applied per second (each is one member's tokens for one step), divided by the same in the run with no network cost (the issue's definition); a payload left out of its step's manifest was computed for nothing. *Share of ideal*: the same rate divided by every member contributing every step at the mean compute pace with one apply a step (nodes ÷ (compute + apply) contributions a second): unlike the ratio to the free run, it cannot call a run efficient whose free baseline already leaves most contributions out. *Step-time ratio*: seconds per step with no network ÷ with home links".into(),
         "rewinds: a node that took a manifest that a better-ranked one then replaces goes back to the state before that step and applies again from there, each apply costing its time again (sharded, the sums are summed and checked again for the new manifest)".into(),
-        "not modelled (the simulator is still kinder than the node here): audits and reveals; a state download after a rewind past the kept states; gossip costs no uplink share".into(),
-        "heartbeats: no node dies in these runs and the node sends one every 0.5 s, so every member counts as heard from all the time (a leader waiting out its collect window is never taken for gone); their bytes are not counted".into(),
+        "not modelled (the simulator is still kinder than the node here): audits and reveals; a state download after a rewind past the kept states; gossipsub's own control messages (the job's gossip itself is charged: see the sharded exchange's table)".into(),
+        "heartbeats: no node dies in these runs, so every member counts as heard from all the time (a leader waiting out its collect window is never taken for gone); their bytes are charged at the job's capped rate (every 0.5 s per member up to 50 members, then 100 a second for the whole job: `net::liveness`), taken off every link in both designs".into(),
     ];
     println!("simulate: assumptions");
     for l in &assumptions {
@@ -357,7 +358,8 @@ fn sharded(
     // Which sums to run: `integer`, `sign` or both (the default).
     let sums: String = a.get("sums", "integer,sign".to_string())?;
     md.push_str(&format!(
-        "\n### The sharded exchange\n\n`net::exchange` is the data plane of issue 18's sharded exchange as a pure state machine: the libp2p node drives it (tested across 8 processes; a job of 10 members or more runs it, in the app and `cohort-peer` alike, `net::exchange::plan_for`) and `net::sim_sharded` drives it with the real step machine in virtual time (unit tests cover liars, silent and colluding aggregators). One shard per member; each shard has {redundancy} aggregators drawn per step; a member pushes each aggregator its slice (signs, a Merkle path, a 100-byte envelope) and announces once every shard holds it somewhere; an aggregator sums the listed slices and gossips the signed hash; every node downloads each shard's sum once and takes it when the seats agree (or the rest are silent {:.0} s after the first); each node also recomputes {spots} shard(s) a step from their slices, and about {backups} nodes recompute a shard whose seat is silent, both beside acceptance (a spot check once the node has taken the sum; a check that proves the sum false rewinds the step). A sum or slice request unanswered for {:.0} s is also sent to the next source (a hedged request; a node hedges at most a twentieth of its first requests beyond 32 saved ones); a seat waits {:.1} s after the manifest for pushes in flight before it fetches the listed slices it lacks. A sum is either the exact integer vote count (what `shard::sum` builds and `shard::check` proves wrong: ⌈log2(2·members+1)⌉ bits a position) or only its sign (2 bits: a different update rule, since the recipe's decoder takes signs after the inverse DCT of the summed votes, not before; its convergence is measured as *signagg* in the convergence table above, with 4 members only, where a sign sum loses little: a vote of 4–0 counts as one of 3–1; with hundreds of members it drops far more of the count, which is not measured). Same links, compute, failure rate, deadlines, seed and number of steps as the all-to-all run of the same deployment above; the baseline is the same design with no network cost. Upload and download are per node per step, in payloads ({}).\n\n| nodes | steps | sum | aggregate | s/step free | s/step links | contributors (free) | contributed-token efficiency | share of ideal (free → links) | upload mean (max) | download mean (max) | of which gossip | recomputations per node-step | after compute: manifest / accepted / applied (s) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "\n### The sharded exchange\n\n`net::exchange` is the data plane of issue 18's sharded exchange as a pure state machine: the libp2p node drives it (tested across 8 processes; a job of 10 members or more runs it, in the app and `cohort-peer` alike, `net::exchange::plan_for`) and `net::sim_sharded` drives it with the real step machine in virtual time (unit tests cover liars, silent and colluding aggregators). One shard per member; each shard has {redundancy} aggregators drawn per step; a member pushes each aggregator its slice (signs, a Merkle path, a 100-byte envelope) and announces once every shard holds it somewhere (the pushes of its last few shards, one in a hundred at most, are sent again once the others stopped arriving for {:.0} s: a lost request is otherwise learnt only at its deadline); an aggregator sums the listed slices and gossips the signed hash; every node downloads each shard's sum once and takes it when the seats agree (or the rest are silent {:.0} s after the first); each shard is also recomputed from its slices by {spots} node(s) a step on average (one shard a node, with one shard per member), and about {backups} nodes recompute a shard whose seat is silent, both beside acceptance (a spot check once the node has taken the sum; a check that proves the sum false rewinds the step). A sum or slice request unanswered for {:.0} s is also sent to the next source (a hedged request; a node hedges at most a twentieth of its first requests beyond 32 saved ones); a seat waits {:.1} s after the manifest for pushes in flight before it fetches the listed slices it lacks. A sum is either the exact integer vote count (what `shard::sum` builds and `shard::check` proves wrong: ⌈log2(2·members+1)⌉ bits a position) or only its sign (2 bits: a different update rule, since the recipe's decoder takes signs after the inverse DCT of the summed votes, not before; its convergence is measured as *signagg* in the convergence table above, with 4 members only, where a sign sum loses little: a vote of 4–0 counts as one of 3–1; with hundreds of members it drops far more of the count, which is not measured). Same links, compute, failure rate, deadlines, seed and number of steps as the all-to-all run of the same deployment above; the baseline is the same design with no network cost. Upload and download are per node per step, in payloads ({}).\n\n| nodes | steps | sum | aggregate | s/step free | s/step links | contributors (free) | contributed-token efficiency | share of ideal (free → links) | upload mean (max) | download mean (max) | of which gossip | recomputations per node-step | after compute: manifest / accepted / applied (s) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        timing.hedge.as_secs_f64(),
         timing.agree.as_secs_f64(),
         timing.hedge.as_secs_f64(),
         timing.wait.as_secs_f64(),
@@ -626,7 +628,14 @@ fn sharded_config(a: &Args, base: &SimConfig, positions: u64, bits: u32) -> Resu
             ..base.clone()
         },
         redundancy,
-        shards: 0,
+        // One shard per member unless `--members-per-shard` asks for
+        // fewer, larger shards (fewer sum hashes to gossip, more load on
+        // each seat).
+        shards: match a.get("members-per-shard", 1usize)? {
+            0 => anyhow::bail!("--members-per-shard 0: expected 1 or more"),
+            1 => 0,
+            k => (base.nodes as usize).div_ceil(k),
+        },
         spots: a.get("spots", 1)?,
         backups: a.get("backups", 4)?,
         positions,

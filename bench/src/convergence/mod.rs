@@ -155,6 +155,7 @@ pub fn run(raw: &[String]) -> Result<()> {
             "schedule",
             "reference",
             "max-runs",
+            "part",
             "plan",
             "name",
         ],
@@ -229,6 +230,19 @@ pub fn run(raw: &[String]) -> Result<()> {
         bail!("--grid-seeds must be at least 1 and --seeds at least --grid-seeds");
     }
     let max_runs: usize = args.get("max-runs", usize::MAX)?;
+    // `--part i/n`: this process takes only the runs at positions i, i + n,
+    // ... of the sweep's list, so n processes (one a core) share a sweep
+    // without running the same run twice.
+    let part: (usize, usize) = {
+        let raw: String = args.get("part", "0/1".to_string())?;
+        let parsed = raw
+            .split_once('/')
+            .and_then(|(i, n)| Some((i.parse().ok()?, n.parse().ok()?)));
+        match parsed {
+            Some((i, n)) if n >= 1 && i < n => (i, n),
+            _ => bail!("--part {raw}: expected i/n with 0 <= i < n"),
+        }
+    };
     let only_plan = args.get::<String>("plan", "no".into())? == "yes";
     let s = &plan.setting;
     println!(
@@ -255,9 +269,21 @@ pub fn run(raw: &[String]) -> Result<()> {
     let commit = report::commit();
     let mut ran = 0;
     loop {
+        if part.1 > 1 {
+            // The other parts' runs, recorded since.
+            for r in runs::load(&path)? {
+                done.entry(r.key.clone()).or_insert(r);
+            }
+        }
         let (all, complete) = plan.runs(&done);
-        let named = all.len();
-        let mut missing: Vec<Point> = all
+        let mine: Vec<Point> = all
+            .into_iter()
+            .enumerate()
+            .filter(|(j, _)| j % part.1 == part.0)
+            .map(|(_, p)| p)
+            .collect();
+        let named = mine.len();
+        let mut missing: Vec<Point> = mine
             .into_iter()
             .filter(|p| !done.contains_key(&runs::key(s, p)))
             .collect();
@@ -302,8 +328,20 @@ pub fn run(raw: &[String]) -> Result<()> {
             return Ok(());
         }
         let Some(p) = missing.first().copied() else {
-            if complete {
+            let all_done = plan
+                .runs(&done)
+                .0
+                .iter()
+                .all(|p| done.contains_key(&runs::key(s, p)));
+            if complete && all_done {
                 break;
+            }
+            if part.1 > 1 {
+                println!(
+                    "part {}/{} has no run left now; the other parts' runs decide the rest (rerun without --part to publish once all are in)",
+                    part.0, part.1
+                );
+                return Ok(());
             }
             bail!("no run left to do but the grid is incomplete: a bug");
         };
