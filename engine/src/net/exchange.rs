@@ -11,9 +11,10 @@
 //! 1. A member pushes its slice of each shard to that shard's aggregators
 //!    and asks to announce its contribution only once every shard has
 //!    reached at least one of them, so a manifest never lists a
-//!    contribution that no aggregator holds. Pushes of the last few
-//!    shards that stopped arriving are sent again after `hedge` (a lost
-//!    request is otherwise learnt only at its deadline).
+//!    contribution that no aggregator holds. The last few pushes, once
+//!    the others stopped arriving for `hedge`, are sent again until the
+//!    manifest is known (a lost request is otherwise learnt only at its
+//!    deadline).
 //! 2. Once the manifest is known, an aggregator waits `wait` for pushes
 //!    still in flight, then fetches each listed slice it lacks (from the
 //!    member, then from the shard's other aggregators), sums, and signs
@@ -475,10 +476,14 @@ struct Step {
     announced: bool,
     /// Pushes to retry: (due, shard, aggregator).
     push_retry: Vec<(Duration, u32, u32)>,
-    /// Shards not yet reached, and since when that count stood: pushes
-    /// that stopped arriving while a few shards are still unreached were
-    /// lost, and are sent again ([`PUSH_STRAGGLERS`]).
+    /// This node's pushes not yet taken: (shard, aggregator).
+    unacked: BTreeSet<(u32, u32)>,
+    /// How many that was, and since when it stood: pushes that stopped
+    /// arriving with only a few left were lost, and are sent again
+    /// ([`PUSH_STRAGGLERS`]).
     push_watch: Option<(usize, Duration)>,
+    /// The most pushes sent again at once: one in [`PUSH_STRAGGLERS`].
+    push_few: usize,
     agg: BTreeMap<u32, Agg>,
     recv: Vec<Recv>,
     /// Per (member, shard) a seat said is withheld, this node's own look.
@@ -506,9 +511,9 @@ pub struct Exchange {
     hedges: HedgeBudget,
 }
 
-/// A member sends again the pushes of at most one shard in this many (and
-/// at least one shard) once its pushes have stopped arriving for `hedge`:
-/// those were lost, not slow.
+/// A member sends again at most one push in this many (and at least a
+/// shard's worth) once its pushes have stopped arriving for `hedge`: those
+/// were lost, not slow.
 const PUSH_STRAGGLERS: usize = 100;
 
 /// Deviations past the mean answer time before a hedge (TCP waits 4 before
@@ -746,7 +751,9 @@ impl Exchange {
                 computed: false,
                 announced: false,
                 push_retry: Vec::new(),
+                unacked: BTreeSet::new(),
                 push_watch: None,
+                push_few: 1,
                 agg,
                 recv,
                 probes: BTreeMap::new(),
@@ -784,6 +791,7 @@ impl Exchange {
                     }
                     self.dirty.insert((step, s as u32));
                 } else {
+                    st.unacked.insert((s as u32, to));
                     self.out.push(Action::Push {
                         step,
                         shard: s as u32,
@@ -792,6 +800,9 @@ impl Exchange {
                 }
             }
         }
+        // At least a shard's worth: a small job's few pushes.
+        let per_shard = st.seats.first().map_or(1, Vec::len);
+        st.push_few = (st.unacked.len() / PUSH_STRAGGLERS).max(per_shard);
         self.dirty.insert((step, u32::MAX));
         for a in st.agg.values_mut() {
             Self::hold(a, me, st.members.as_deref());
@@ -799,11 +810,14 @@ impl Exchange {
         Verdict::Accepted
     }
 
-    /// A push of this node's slice reached aggregator `to`.
-    pub fn on_pushed(&mut self, step: u32, shard: u32) -> Verdict {
+    /// A push of this node's slice of `shard` reached aggregator `to`.
+    pub fn on_pushed(&mut self, step: u32, shard: u32, to: u32) -> Verdict {
         let Some(st) = self.steps.get_mut(&step) else {
             return Verdict::UnknownStep;
         };
+        if st.unacked.remove(&(shard, to)) {
+            self.dirty.insert((step, u32::MAX));
+        }
         let Some(r) = st.reached.get_mut(shard as usize) else {
             return Verdict::NotASeat;
         };
@@ -1177,45 +1191,37 @@ impl Exchange {
         let Some(st) = self.steps.get_mut(&step) else {
             return;
         };
-        // The member's side: retries and the announcement.
-        if st.computed && !st.announced {
-            // A push lost on the way is learnt only at its deadline, and
-            // the announcement waits for every shard: at 1,000 shards and
-            // 1% of requests lost, a tenth of the members would wait that
-            // long every step, and the leader with them. Once pushes have
-            // stopped arriving for `hedge` with only a few shards left,
-            // those few are sent again (never more: a member whose pushes
-            // are merely slow, its uplink shared with the sums it serves,
-            // has most of its shards left).
-            if st
-                .push_watch
-                .is_none_or(|(left, _)| left != st.reached_left)
-            {
-                st.push_watch = Some((st.reached_left, now));
+        // The member's side: pushes lost, retries and the announcement.
+        // A push lost on the way is learnt only at its deadline: at 1,000
+        // shards and 1% of requests lost, a tenth of the members would
+        // wait that long every step to announce, and the leader with
+        // them, and every seat would fetch a tenth of its listed slices.
+        // Once pushes have stopped arriving for `hedge` with only a few
+        // left (one in [`PUSH_STRAGGLERS`]), those few are sent again,
+        // until the manifest is known (then the seats fetch what they
+        // lack). A member whose pushes are merely slow, its uplink shared
+        // with the sums it serves, has most of them left and sends none
+        // again.
+        if st.computed && st.manifest.is_none() {
+            let left = st.unacked.len();
+            if st.push_watch.is_none_or(|(l, _)| l != left) {
+                st.push_watch = Some((left, now));
             }
             let since = st.push_watch.map_or(now, |w| w.1);
-            let few = (st.seats.len() / PUSH_STRAGGLERS).max(1);
-            if st.reached_left > 0 && st.reached_left <= few {
+            if left > 0 && left <= st.push_few {
                 let due = since + timing.hedge;
                 if now >= due {
-                    for (s, seats) in st.seats.iter().enumerate() {
-                        if st.reached[s] {
-                            continue;
-                        }
-                        for &to in seats.iter().filter(|&&to| to != me) {
-                            self.out.push(Action::Push {
-                                step,
-                                shard: s as u32,
-                                to,
-                            });
-                        }
+                    for &(s, to) in &st.unacked {
+                        self.out.push(Action::Push { step, shard: s, to });
                     }
-                    st.push_watch = Some((st.reached_left, now));
+                    st.push_watch = Some((left, now));
                     self.timers.insert((now + timing.hedge, step, u32::MAX));
                 } else {
                     self.timers.insert((due, step, u32::MAX));
                 }
             }
+        }
+        if st.computed && !st.announced {
             let mut keep = Vec::new();
             for (due, s, to) in std::mem::take(&mut st.push_retry) {
                 if st.reached[s as usize] {

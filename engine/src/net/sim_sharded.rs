@@ -190,6 +190,7 @@ enum Ev {
         node: u32,
         step: u32,
         shard: u32,
+        to: u32,
     },
     Failed {
         node: u32,
@@ -573,6 +574,7 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
                                 node: from,
                                 step,
                                 shard,
+                                to: node,
                             },
                         );
                     }
@@ -605,8 +607,10 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
                     }
                 }
             }
-            Ev::Pushed { step, shard, .. } => {
-                nodes[node as usize].ex.on_pushed(step, shard);
+            Ev::Pushed {
+                step, shard, to, ..
+            } => {
+                nodes[node as usize].ex.on_pushed(step, shard, to);
             }
             Ev::Failed { from, what, .. } => {
                 let ex = &mut nodes[node as usize].ex;
@@ -768,8 +772,8 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
                 match a {
                     // A withholding member's slices go nowhere, yet it
                     // announces as if they had.
-                    XAction::Push { step, shard, .. } if withholds(node) => {
-                        nodes[node as usize].ex.on_pushed(step, shard);
+                    XAction::Push { step, shard, to } if withholds(node) => {
+                        nodes[node as usize].ex.on_pushed(step, shard, to);
                     }
                     XAction::Push { step, shard, to } => {
                         request(&mut queue, &mut rng, &nodes, to, What::Push { step, shard })

@@ -198,8 +198,8 @@ impl World {
             return;
         }
         match a {
-            Action::Push { step, shard, .. } if self.withholding.contains(&i) => {
-                self.nodes[i as usize].on_pushed(step, shard);
+            Action::Push { step, shard, to } if self.withholding.contains(&i) => {
+                self.nodes[i as usize].on_pushed(step, shard, to);
             }
             Action::Push { step, shard, to } => {
                 *self.pushes.entry(i).or_default() += 1;
@@ -214,7 +214,7 @@ impl World {
                     self.nodes[i as usize].on_push_failed(now, step, shard, to);
                 } else {
                     self.nodes[to as usize].on_slice(step, shard, i);
-                    self.nodes[i as usize].on_pushed(step, shard);
+                    self.nodes[i as usize].on_pushed(step, shard, to);
                 }
             }
             Action::Announce { .. } => {
@@ -1184,10 +1184,42 @@ fn a_member_whose_pushes_are_merely_slow_sends_none_again() {
     for (i, a) in std::mem::take(&mut w.in_flight) {
         if let Action::Push { step, shard, to } = a {
             w.nodes[to as usize].on_slice(step, shard, i);
-            w.nodes[i as usize].on_pushed(step, shard);
+            w.nodes[i as usize].on_pushed(step, shard, to);
         }
     }
     w.settle();
     assert!(w.announced.contains(&3));
     assert_eq!(w.pushes[&3], first);
+}
+
+#[test]
+fn a_push_lost_to_one_seat_is_sent_again_before_the_manifest_so_that_seat_fetches_nothing() {
+    let mut w = World::new(8, 8, 2, none, none);
+    // Member 3's push to one seat of a shard vanishes; the other seat
+    // takes its push, so 3 announces.
+    let shard = (0..8u32)
+        .find(|&s| !w.seats[s as usize].contains(&3))
+        .unwrap();
+    let seat = w.seats[shard as usize][0];
+    w.vanish.insert((3, shard, seat));
+    for x in &mut w.nodes {
+        x.on_computed(0);
+    }
+    w.settle();
+    assert!(w.announced.contains(&3));
+    assert!(!w.nodes[seat as usize].holds(0, shard, 3));
+    let first = w.pushes[&3];
+    // `hedge` later, before any manifest, that push goes again: the seat
+    // holds the slice and has nothing to fetch once the manifest comes.
+    w.run_until(Timing::default().hedge);
+    assert_eq!(w.pushes[&3], first + 1);
+    assert!(w.nodes[seat as usize].holds(0, shard, 3));
+    let members: Vec<u32> = (0..8).collect();
+    let now = w.now;
+    for x in &mut w.nodes {
+        x.on_manifest(now, 0, M, &members);
+    }
+    w.run();
+    assert!(w.everyone_applied_once(), "{:?}", w.applied);
+    assert_eq!(w.pushes[&3], first + 1, "pushed again after the manifest");
 }

@@ -825,8 +825,8 @@ impl Net {
         self.with_sharded(|net, sh| match a {
             // The withholder's slices go nowhere, yet it announces as if
             // every shard held them.
-            XAction::Push { step, shard, .. } if net.withholds(step) => {
-                sh.ex.on_pushed(step, shard);
+            XAction::Push { step, shard, to } if net.withholds(step) => {
+                sh.ex.on_pushed(step, shard, to);
                 false
             }
             XAction::Forward { step, member, .. } if member == me && net.withholds(step) => false,
@@ -1156,8 +1156,8 @@ impl Net {
         let now = self.now();
         let me = self.cfg.me;
         self.with_sharded(|_, sh| match (p, resp) {
-            (Pending::Push { step, shard, .. }, Response::Taken) => {
-                sh.ex.on_pushed(step, shard);
+            (Pending::Push { step, shard, to }, Response::Taken) => {
+                sh.ex.on_pushed(step, shard, to);
             }
             (Pending::Push { step, shard, to }, _) => sh.ex.on_push_failed(now, step, shard, to),
             (
