@@ -1199,7 +1199,8 @@ impl Exchange {
         // A push lost on the way is learnt only at its deadline: at 1,000
         // shards and 1% of requests lost, a tenth of the members would
         // wait that long every step to announce, and the leader with
-        // them, and every seat would fetch a tenth of its listed slices.
+        // them, and every seat would fetch one in a hundred of its listed
+        // slices.
         // Once pushes have stopped arriving for `hedge` with only a few
         // left (one in [`PUSH_STRAGGLERS`]), those few are sent again,
         // until the manifest is known (then the seats fetch what they
