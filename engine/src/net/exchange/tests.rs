@@ -343,14 +343,26 @@ impl World {
     /// Step 0 up to its manifest: every node computed and pushed, the
     /// announced members listed; nothing run after that.
     fn open_step(&mut self) {
-        for x in &mut self.nodes {
-            x.on_computed(0);
-        }
-        self.settle();
+        self.compute();
         let members: Vec<u32> = self.announced.iter().copied().collect();
         for x in &mut self.nodes {
             x.on_manifest(self.now, 0, M, &members);
         }
+    }
+
+    /// Every node computes step 0 and pushes its slices; nothing after.
+    fn compute(&mut self) {
+        for x in &mut self.nodes {
+            x.on_computed(0);
+        }
+        self.settle();
+    }
+
+    /// A shard `member` does not seat, so its slice must be pushed.
+    fn unseated_shard(&self, member: u32) -> u32 {
+        (0..self.seats.len() as u32)
+            .find(|&s| !self.seats[s as usize].contains(&member))
+            .expect("a shard the member does not seat")
     }
 
     /// Every seat of `shard` signs and serves the same wrong sum.
@@ -415,10 +427,7 @@ fn a_member_announces_only_once_every_shard_reached_an_aggregator() {
     for &a in &w.seats[1].clone() {
         w.lost.insert((0, a));
     }
-    for x in &mut w.nodes {
-        x.on_computed(0);
-    }
-    w.settle();
+    w.compute();
     let shard1_has_0 = w.seats[1].contains(&0);
     assert_eq!(w.announced.contains(&0), shard1_has_0);
     assert_eq!(w.announced.len(), if shard1_has_0 { 6 } else { 5 });
@@ -715,10 +724,7 @@ fn a_shard_proven_false_elsewhere_is_accepted_only_from_a_recomputation() {
     let mut w = World::new(8, 8, 2, none, none);
     w.collude(0);
     w.slow_checks = true;
-    for x in &mut w.nodes {
-        x.on_computed(0);
-    }
-    w.settle();
+    w.compute();
     let listed: Vec<u32> = w.announced.iter().copied().collect();
     for x in &mut w.nodes {
         x.on_manifest(w.now, 0, M, &listed);
@@ -758,10 +764,7 @@ fn a_shard_whose_seats_are_all_silent_is_recomputed_by_its_backups_not_by_every_
     for &a in &seats[0] {
         w.silent.insert(a);
     }
-    for x in &mut w.nodes {
-        x.on_computed(0);
-    }
-    w.settle();
+    w.compute();
     let members: Vec<u32> = w.announced.iter().copied().collect();
     assert_eq!(members.len(), 8);
     for x in &mut w.nodes {
@@ -934,10 +937,7 @@ fn a_reserve_seat_cannot_take_a_shard_over_before_its_seats_are_overdue() {
     let members: Vec<u32> = (0..8).collect();
     let reserve = shard::reserve(&members, &w.seats, 2, Draw(8));
     let r0 = reserve[0][0];
-    for x in &mut w.nodes {
-        x.on_computed(0);
-    }
-    w.settle();
+    w.compute();
     for x in &mut w.nodes {
         x.on_manifest(w.now, 0, M, &members);
     }
@@ -1004,10 +1004,7 @@ fn inputs_for_unknown_steps_or_seats_change_nothing() {
 /// Every node computes and announces (the withholders too, without
 /// pushing); the manifest lists them all.
 fn listed_all(w: &mut World) -> Vec<u32> {
-    for x in &mut w.nodes {
-        x.on_computed(0);
-    }
-    w.settle();
+    w.compute();
     let members: Vec<u32> = w.announced.iter().copied().collect();
     assert_eq!(members.len(), w.nodes.len(), "the withholders announce too");
     for x in &mut w.nodes {
@@ -1142,16 +1139,11 @@ fn a_member_whose_pushes_of_one_shard_vanished_sends_them_again_once_the_rest_st
     // Member 3's pushes of one shard it does not seat vanish (a dropped
     // request is learnt only at its deadline, 5 s and more); every other
     // push arrives.
-    let shard = (0..8u32)
-        .find(|&s| !w.seats[s as usize].contains(&3))
-        .unwrap();
+    let shard = w.unseated_shard(3);
     for &to in &w.seats[shard as usize].clone() {
         w.vanish.insert((3, shard, to));
     }
-    for x in &mut w.nodes {
-        x.on_computed(0);
-    }
-    w.settle();
+    w.compute();
     assert!(!w.announced.contains(&3));
     let first = w.pushes[&3];
     // Nothing more arrives: `hedge` later those two pushes go again, and
@@ -1169,10 +1161,7 @@ fn a_member_whose_pushes_of_one_shard_vanished_sends_them_again_once_the_rest_st
 fn a_member_whose_pushes_are_merely_slow_sends_none_again() {
     let mut w = World::new(8, 8, 2, none, none);
     w.slow_uplinks.insert(3);
-    for x in &mut w.nodes {
-        x.on_computed(0);
-    }
-    w.settle();
+    w.compute();
     let first = w.pushes[&3];
     // Its uplink is busy for ten hedge delays: every shard is still
     // unreached, none is pushed twice.
@@ -1197,15 +1186,10 @@ fn a_push_lost_to_one_seat_is_sent_again_before_the_manifest_so_that_seat_fetche
     let mut w = World::new(8, 8, 2, none, none);
     // Member 3's push to one seat of a shard vanishes; the other seat
     // takes its push, so 3 announces.
-    let shard = (0..8u32)
-        .find(|&s| !w.seats[s as usize].contains(&3))
-        .unwrap();
+    let shard = w.unseated_shard(3);
     let seat = w.seats[shard as usize][0];
     w.vanish.insert((3, shard, seat));
-    for x in &mut w.nodes {
-        x.on_computed(0);
-    }
-    w.settle();
+    w.compute();
     assert!(w.announced.contains(&3));
     assert!(!w.nodes[seat as usize].holds(0, shard, 3));
     let first = w.pushes[&3];
