@@ -12,7 +12,7 @@
 //!    and asks to announce its contribution only once every shard has
 //!    reached at least one of them, so a manifest never lists a
 //!    contribution that no aggregator holds. The last few pushes, once
-//!    the others stopped arriving for `hedge`, are sent again until the
+//!    the others stopped arriving ([`Stall`]), are sent again until the
 //!    manifest is known (a lost request is otherwise learnt only at its
 //!    deadline).
 //! 2. Once the manifest is known, an aggregator waits `wait` for pushes
@@ -50,7 +50,8 @@
 //! A node asks a thousand small things a step (a sum per shard, a seat's
 //! missing slices), so a request unanswered for `hedge` goes to the next
 //! source as well ("hedged", the first answer counting) rather than waiting
-//! out its deadline.
+//! out its deadline; the last few sum requests, once the others' answers
+//! stopped coming ([`Stall`]), are hedged at once.
 //!
 //! 6. A shard none of whose seats signed within `reseat` of the manifest
 //!    (its seats are taken for dead), and that nothing else decided, gets
@@ -478,12 +479,23 @@ struct Step {
     push_retry: Vec<(Duration, u32, u32)>,
     /// This node's pushes not yet taken: (shard, aggregator).
     unacked: BTreeSet<(u32, u32)>,
-    /// How many that was, and since when it stood: pushes that stopped
-    /// arriving with only a few left were lost, and are sent again
-    /// ([`PUSH_STRAGGLERS`]).
-    push_watch: Option<(usize, Duration)>,
-    /// The most pushes sent again at once: one in [`PUSH_STRAGGLERS`].
+    /// Those pushes' answers: once they stopped coming with only a few
+    /// left, the few were lost and are sent again.
+    push_stall: Stall,
+    /// The most pushes sent again at once: one in [`STRAGGLERS`].
     push_few: usize,
+    /// Shards whose sum this node asked for and has not got, a request
+    /// still out.
+    sums_out: BTreeSet<u32>,
+    /// Those requests' answers: once they stopped coming with only a few
+    /// left, the few are hedged at once (within the hedge budget).
+    sum_stall: Stall,
+    /// The most sum requests hedged that way: one in [`STRAGGLERS`].
+    sums_few: usize,
+    /// The stall has been acted on since the count last changed.
+    sums_stalled: bool,
+    /// Shards whose sum requests a stall took for lost: hedged at once.
+    sums_lost: BTreeSet<u32>,
     agg: BTreeMap<u32, Agg>,
     recv: Vec<Recv>,
     /// Per (member, shard) a seat said is withheld, this node's own look.
@@ -512,13 +524,68 @@ pub struct Exchange {
 }
 
 /// A member sends again at most one push in this many (and at least a
-/// shard's worth) once its pushes have stopped arriving for `hedge`: those
-/// were lost, not slow. Well above the share of requests lost (1% in the
+/// shard's worth) once its pushes' answers have stalled ([`Stall`]): those
+/// were lost, not slow; a node hedges at most one sum request in this many
+/// the same way. Well above the share of requests lost (1% in the
 /// simulator): at one in a hundred, 2,000 pushes with 20 lost on average
 /// had more than 20 left for nearly half the members, who then sent none
 /// again (`cohort-bench simulate`, 1,000 nodes: 0.647 of the free run,
 /// against 0.682 resending by shard).
-const PUSH_STRAGGLERS: usize = 20;
+const STRAGGLERS: usize = 20;
+
+/// The shortest stall after which the few requests left of a batch count
+/// as lost ([`Stall`]): above a home link's round trip (two ends at up to
+/// 40 ms each way, `cohort-bench simulate`'s links).
+const STALL_FLOOR: Duration = Duration::from_millis(250);
+
+/// A batch of requests sent together (a member's pushes, a node's sum
+/// requests) whose answers have stopped coming with only a few left: the
+/// few were lost, not slow. Answers that share one uplink come about
+/// together, so the batch's own pace tells a lost request from a late one
+/// long before its deadline (5 s and more), and sooner than a hedge timed
+/// by answer times that a full uplink makes long. As TCP's RACK (RFC 8985)
+/// takes a segment for lost once later ones were acknowledged a quarter of
+/// a round trip ago, the few left count as lost once no answer has come
+/// for a quarter of the time the batch has taken so far, and at least
+/// [`STALL_FLOOR`].
+#[derive(Debug, Default, Clone, Copy)]
+struct Stall {
+    /// When the batch's first request was out.
+    start: Option<Duration>,
+    /// Requests unanswered, and since when that count stood.
+    left: usize,
+    since: Duration,
+}
+
+impl Stall {
+    /// `left` of the batch's requests are unanswered at `now`; whether that
+    /// count changed.
+    fn watch(&mut self, now: Duration, left: usize) -> bool {
+        if self.start.is_none() && left > 0 {
+            self.start = Some(now);
+        }
+        if left == self.left {
+            return false;
+        }
+        self.left = left;
+        self.since = now;
+        true
+    }
+
+    /// When the requests left count as lost: none while more than `few`
+    /// (or none) are left.
+    fn due(&self, few: usize) -> Option<Duration> {
+        let start = self.start?;
+        let quarter = self.since.saturating_sub(start) / 4;
+        (self.left > 0 && self.left <= few).then(|| self.since + quarter.max(STALL_FLOOR))
+    }
+
+    /// Those left were asked again at `now`: as long again before the next
+    /// time.
+    fn again(&mut self, now: Duration) {
+        self.since = now;
+    }
+}
 
 /// Deviations past the mean answer time before a hedge (TCP waits 4 before
 /// it retransmits; a hedge costs less than a time-out, and "The Tail at
@@ -756,8 +823,15 @@ impl Exchange {
                 announced: false,
                 push_retry: Vec::new(),
                 unacked: BTreeSet::new(),
-                push_watch: None,
+                push_stall: Stall::default(),
                 push_few: 1,
+                sums_out: BTreeSet::new(),
+                sum_stall: Stall::default(),
+                // At least two: a small job's node asks a hung seat for
+                // a sum or two.
+                sums_few: (shards / STRAGGLERS).max(2),
+                sums_stalled: false,
+                sums_lost: BTreeSet::new(),
                 agg,
                 recv,
                 probes: BTreeMap::new(),
@@ -806,7 +880,7 @@ impl Exchange {
         }
         // At least a shard's worth: a small job's few pushes.
         let per_shard = st.seats.first().map_or(1, Vec::len);
-        st.push_few = (st.unacked.len() / PUSH_STRAGGLERS).max(per_shard);
+        st.push_few = (st.unacked.len() / STRAGGLERS).max(per_shard);
         self.dirty.insert((step, u32::MAX));
         for a in st.agg.values_mut() {
             Self::hold(a, me, st.members.as_deref());
@@ -929,6 +1003,10 @@ impl Exchange {
                 };
             }
             st.accepted_left = st.recv.len();
+            st.sums_out.clear();
+            st.sum_stall = Stall::default();
+            st.sums_stalled = false;
+            st.sums_lost.clear();
             if st.applied {
                 st.applied = false;
                 self.out.push(Action::Rewind { step });
@@ -1073,7 +1151,11 @@ impl Exchange {
         r.ask.back();
         if current.is_some() && r.hashes[seat] == current.map(|m| (m, hash)) {
             r.got = Some(hash);
+            st.sums_out.remove(&shard);
         } else {
+            if r.ask.out == 0 {
+                st.sums_out.remove(&shard);
+            }
             // Bytes that are not what their server signed: ask another.
             r.due = Some(now + self.timing.retry);
             self.timers.insert((now + self.timing.retry, step, shard));
@@ -1084,12 +1166,13 @@ impl Exchange {
 
     /// A sum request failed: the next seat is asked after `retry`.
     pub fn on_fetch_failed(&mut self, now: Duration, step: u32, shard: u32) {
-        if let Some(r) = self
-            .steps
-            .get_mut(&step)
-            .and_then(|st| st.recv.get_mut(shard as usize))
+        if let Some(st) = self.steps.get_mut(&step)
+            && let Some(r) = st.recv.get_mut(shard as usize)
         {
             r.ask.back();
+            if r.ask.out == 0 {
+                st.sums_out.remove(&shard);
+            }
             r.due = Some(now + self.timing.retry);
             self.timers.insert((now + self.timing.retry, step, shard));
         }
@@ -1201,28 +1284,22 @@ impl Exchange {
         // wait that long every step to announce, and the leader with
         // them, and every seat would fetch one in a hundred of its listed
         // slices.
-        // Once pushes have stopped arriving for `hedge` with only a few
-        // left (one in [`PUSH_STRAGGLERS`]), those few are sent again,
-        // until the manifest is known (then the seats fetch what they
-        // lack). A member whose pushes are merely slow, its uplink shared
-        // with the sums it serves, has most of them left and sends none
-        // again.
+        // Once pushes have stopped arriving with only a few left (one in
+        // [`STRAGGLERS`], [`Stall`]), those few are sent again, until the
+        // manifest is known (then the seats fetch what they lack). A
+        // member whose pushes are merely slow, its uplink shared with the
+        // sums it serves, has most of them left and sends none again.
         if st.computed && st.manifest.is_none() {
-            let left = st.unacked.len();
-            if st.push_watch.is_none_or(|(l, _)| l != left) {
-                st.push_watch = Some((left, now));
-            }
-            let since = st.push_watch.map_or(now, |w| w.1);
-            if left > 0 && left <= st.push_few {
-                let due = since + timing.hedge;
+            st.push_stall.watch(now, st.unacked.len());
+            if let Some(due) = st.push_stall.due(st.push_few) {
                 if now >= due {
                     for &(s, to) in &st.unacked {
                         self.out.push(Action::Push { step, shard: s, to });
                     }
-                    st.push_watch = Some((left, now));
-                    self.timers.insert((now + timing.hedge, step, u32::MAX));
-                } else {
-                    self.timers.insert((due, step, u32::MAX));
+                    st.push_stall.again(now);
+                }
+                if let Some(t) = st.push_stall.due(st.push_few) {
+                    self.timers.insert((t, step, u32::MAX));
                 }
             }
         }
@@ -1319,7 +1396,26 @@ impl Exchange {
             self.dirty.insert((step, shard));
             return;
         }
-        // The receiver's side.
+        // The receiver's side. Sum requests whose answers stalled with
+        // only a few left ([`Stall`]) are hedged at once.
+        if st.sum_stall.watch(now, st.sums_out.len()) {
+            st.sums_stalled = false;
+            if let (Some(t), Some(&x)) = (st.sum_stall.due(st.sums_few), st.sums_out.first()) {
+                self.timers.insert((t, step, x));
+            }
+        }
+        if !st.sums_stalled && st.sum_stall.due(st.sums_few).is_some_and(|t| t <= now) {
+            st.sums_stalled = true;
+            for &x in &st.sums_out {
+                st.sums_lost.insert(x);
+                self.timers.insert((now, step, x));
+            }
+        }
+        let sum_hedge = if st.sums_lost.contains(&shard) {
+            Duration::ZERO
+        } else {
+            hedge
+        };
         let seats = &st.seats[s];
         let r = &mut st.recv[s];
         let was = r.accepted;
@@ -1396,7 +1492,7 @@ impl Exchange {
                 }
             }
             let free = r.ask.out == 0 && r.due.is_none_or(|d| d <= now);
-            let asking = self.hedges.may_ask(&r.ask, free, now, hedge);
+            let asking = self.hedges.may_ask(&r.ask, free, now, sum_hedge);
             if r.recompute {
                 // Only the recomputation decides it.
             } else if let Some(h) = own.and_then(|i| signed_for[i]) {
@@ -1421,10 +1517,11 @@ impl Exchange {
                     r.ask.sent(now, from);
                     self.hedges.sent(hedging);
                     r.due = None;
+                    st.sums_out.insert(shard);
                     self.out.push(Action::FetchSum { step, shard, from });
                 }
             }
-            if let Some(t) = self.hedges.wake_at(&r.ask, now, hedge)
+            if let Some(t) = self.hedges.wake_at(&r.ask, now, sum_hedge)
                 && r.got.is_none()
             {
                 self.timers.insert((t, step, shard));

@@ -505,36 +505,76 @@ fn a_hedge_waits_for_most_answers_to_come_as_they_have_been_coming() {
     );
 }
 
+/// When the last node applies step 0 with `shards` shards, seat `hung`
+/// signing its sums while its answers are lost on the way (no failure is
+/// ever reported), and every node's hedge delay `hedge`.
+fn applied_with_a_hung_seat(shards: usize, hedge: Duration) -> Duration {
+    let mut w = World::new(8, shards, 2, none, none);
+    for x in &mut w.nodes {
+        x.timing.hedge = hedge;
+    }
+    let hung = w.seats[0][0];
+    w.hung.insert(hung);
+    w.step();
+    assert!(w.everyone_applied_once(), "{:?}", w.applied);
+    assert!(w.convicted.is_empty() && w.recomputed.is_empty());
+    let asked_hung = w
+        .unanswered
+        .iter()
+        .any(|(_, a)| matches!(a, Action::FetchSum { .. }));
+    assert!(asked_hung, "somebody asked the hung seat first");
+    w.applied_at.values().copied().max().unwrap()
+}
+
 #[test]
-fn an_unanswered_sum_request_holds_its_asker_for_the_hedge_delay_only() {
-    let seats = seats8();
-    // Seat `hung` signs its sums but its answers are lost on the way,
-    // and no failure is ever reported.
-    let hung = seats[0][0];
-    let run = |hedge: Duration| {
-        let mut w = World::new(8, 8, 2, none, none);
-        for x in &mut w.nodes {
-            x.timing.hedge = hedge;
-        }
-        w.hung.insert(hung);
-        w.step();
-        assert!(w.everyone_applied_once(), "{:?}", w.applied);
-        assert!(w.convicted.is_empty() && w.recomputed.is_empty());
-        let asked_hung = w
-            .unanswered
-            .iter()
-            .any(|(_, a)| matches!(a, Action::FetchSum { .. }));
-        assert!(asked_hung, "somebody asked the hung seat first");
-        w.applied_at.values().copied().max().unwrap()
-    };
-    // The other seat is asked `hedge` after the first request (made
-    // at once: the sums are signed as the manifest arrives).
+fn a_few_sum_requests_left_once_the_rest_came_go_to_the_other_seat_after_a_short_stall() {
+    // Eight shards: a node asks the hung seat for a sum or two (at most
+    // two are "a few" in a small job), and every other answer came at
+    // once. Those are lost, not slow: they go to the other seat
+    // `STALL_FLOOR` later, whatever the hedge delay.
     let hedge = Timing::default().hedge;
-    assert_eq!(run(hedge), hedge);
-    // Without the hedge the asker would wait as long as its request
-    // does: here, for ever; on the wire, its deadline.
+    assert_eq!(applied_with_a_hung_seat(8, hedge), STALL_FLOOR);
     let hour = Duration::from_secs(3600);
-    assert_eq!(run(hour), hour);
+    assert_eq!(applied_with_a_hung_seat(8, hour), STALL_FLOOR);
+}
+
+#[test]
+fn many_unanswered_sum_requests_hold_their_asker_for_the_hedge_delay_only() {
+    // 128 shards: a node asks the hung seat for about 16 sums, more than
+    // one in twenty, so they may be merely slow; the other seat is asked
+    // `hedge` after the first request (made at once: the sums are signed
+    // as the manifest arrives).
+    let hedge = Timing::default().hedge;
+    assert_eq!(applied_with_a_hung_seat(128, hedge), hedge);
+    // Without the hedge the asker would wait as long as its requests do:
+    // here, for ever; on the wire, their deadline.
+    let hour = Duration::from_secs(3600);
+    assert_eq!(applied_with_a_hung_seat(128, hour), hour);
+}
+
+#[test]
+fn a_stall_takes_the_few_requests_left_for_lost_after_a_quarter_of_the_time_the_batch_took() {
+    let s = |x: u64| Duration::from_secs(x);
+    let mut w = Stall::default();
+    assert!(w.watch(s(10), 2000));
+    // Many left: none is taken for lost, however long.
+    assert_eq!(w.due(100), None);
+    // Answers came for 4 s, then stopped with 3 left: lost a second
+    // later (a quarter of 4 s).
+    assert!(w.watch(s(14), 3));
+    assert!(!w.watch(s(14), 3));
+    assert_eq!(w.due(100), Some(s(15)));
+    // Asked again at 15: the next look is as long again.
+    w.again(s(15));
+    assert_eq!(w.due(100), Some(s(15) + Duration::from_millis(1250)));
+    // A batch answered at once waits the floor, above a round trip.
+    let mut quick = Stall::default();
+    quick.watch(s(1), 10);
+    quick.watch(s(1), 1);
+    assert_eq!(quick.due(5), Some(s(1) + STALL_FLOOR));
+    // All answered: nothing is due.
+    quick.watch(s(2), 0);
+    assert_eq!(quick.due(5), None);
 }
 
 #[test]
@@ -1146,13 +1186,12 @@ fn a_member_whose_pushes_of_one_shard_vanished_sends_them_again_once_the_rest_st
     w.compute();
     assert!(!w.announced.contains(&3));
     let first = w.pushes[&3];
-    // Nothing more arrives: `hedge` later those two pushes go again, and
-    // only those.
-    let hedge = Timing::default().hedge;
-    w.run_until(hedge - Duration::from_millis(1));
-    assert!(!w.announced.contains(&3), "sent again before `hedge`");
-    w.run_until(hedge);
-    assert!(w.announced.contains(&3), "not sent again at `hedge`");
+    // Nothing more arrives: `STALL_FLOOR` later (the rest came at once)
+    // those two pushes go again, and only those.
+    w.run_until(STALL_FLOOR - Duration::from_millis(1));
+    assert!(!w.announced.contains(&3), "sent again before the stall");
+    w.run_until(STALL_FLOOR);
+    assert!(w.announced.contains(&3), "not sent again after the stall");
     assert_eq!(w.pushes[&3], first + 2);
     assert_eq!(w.announced.len(), 8);
 }
@@ -1193,9 +1232,10 @@ fn a_push_lost_to_one_seat_is_sent_again_before_the_manifest_so_that_seat_fetche
     assert!(w.announced.contains(&3));
     assert!(!w.nodes[seat as usize].holds(0, shard, 3));
     let first = w.pushes[&3];
-    // `hedge` later, before any manifest, that push goes again: the seat
-    // holds the slice and has nothing to fetch once the manifest comes.
-    w.run_until(Timing::default().hedge);
+    // A short stall later, before any manifest, that push goes again: the
+    // seat holds the slice and has nothing to fetch once the manifest
+    // comes.
+    w.run_until(STALL_FLOOR);
     assert_eq!(w.pushes[&3], first + 1);
     assert!(w.nodes[seat as usize].holds(0, shard, 3));
     let members: Vec<u32> = (0..8).collect();
