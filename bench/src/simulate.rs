@@ -43,19 +43,25 @@ const FLAGS: &[&str] = &[
     "seeds",
     "hedge-secs",
     "agree-secs",
+    "stall-share",
     "sums",
     "wait-secs",
     "withholding",
 ];
 
 /// The exchange's deadlines as the node ships them, but for `--hedge-secs`,
-/// `--wait-secs` and `--agree-secs`.
+/// `--wait-secs`, `--agree-secs` and `--stall-share`.
 fn exchange_timing(a: &Args) -> Result<exchange::Timing> {
     let shipped = exchange::Timing::default();
+    let stall_share: f64 = a.get("stall-share", shipped.stall_share)?;
+    if !(stall_share.is_finite() && stall_share >= 0.0) {
+        anyhow::bail!("--stall-share {stall_share}: expected a finite share ≥ 0");
+    }
     Ok(exchange::Timing {
         hedge: secs(a, "hedge-secs", shipped.hedge)?,
         wait: secs(a, "wait-secs", shipped.wait)?,
         agree: secs(a, "agree-secs", shipped.agree)?,
+        stall_share,
         ..shipped
     })
 }
@@ -358,8 +364,8 @@ fn sharded(
     // Which sums to run: `integer`, `sign` or both (the default).
     let sums: String = a.get("sums", "integer,sign".to_string())?;
     md.push_str(&format!(
-        "\n### The sharded exchange\n\n`net::exchange` is the data plane of issue 18's sharded exchange as a pure state machine: the libp2p node drives it (tested across 8 processes; a job of 10 members or more runs it, in the app and `cohort-peer` alike, `net::exchange::plan_for`) and `net::sim_sharded` drives it with the real step machine in virtual time (unit tests cover liars, silent and colluding aggregators). One shard per member; each shard has {redundancy} aggregators drawn per step; a member pushes each aggregator its slice (signs, a Merkle path, a 100-byte envelope) and announces once every shard holds it somewhere (the pushes of its last few shards, one in a hundred at most, are sent again once the others stopped arriving for {:.0} s: a lost request is otherwise learnt only at its deadline); an aggregator sums the listed slices and gossips the signed hash; every node downloads each shard's sum once and takes it when the seats agree (or the rest are silent {:.0} s after the first); each shard is also recomputed from its slices by {spots} node(s) a step on average (one shard a node, with one shard per member), and about {backups} nodes recompute a shard whose seat is silent, both beside acceptance (a spot check once the node has taken the sum; a check that proves the sum false rewinds the step). A sum or slice request unanswered for {:.0} s is also sent to the next source (a hedged request; a node hedges at most a twentieth of its first requests beyond 32 saved ones); a seat waits {:.1} s after the manifest for pushes in flight before it fetches the listed slices it lacks. A sum is either the exact integer vote count (what `shard::sum` builds and `shard::check` proves wrong: ⌈log2(2·members+1)⌉ bits a position) or only its sign (2 bits: a different update rule, since the recipe's decoder takes signs after the inverse DCT of the summed votes, not before; its convergence is measured as *signagg* in the convergence table above, with 4 members only, where a sign sum loses little: a vote of 4–0 counts as one of 3–1; with hundreds of members it drops far more of the count, which is not measured). Same links, compute, failure rate, deadlines, seed and number of steps as the all-to-all run of the same deployment above; the baseline is the same design with no network cost. Upload and download are per node per step, in payloads ({}).\n\n| nodes | steps | sum | aggregate | s/step free | s/step links | contributors (free) | contributed-token efficiency | share of ideal (free → links) | upload mean (max) | download mean (max) | of which gossip | recomputations per node-step | after compute: manifest / accepted / applied (s) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
-        timing.hedge.as_secs_f64(),
+        "\n### The sharded exchange\n\n`net::exchange` is the data plane of issue 18's sharded exchange as a pure state machine: the libp2p node drives it (tested across 8 processes; a job of 10 members or more runs it, in the app and `cohort-peer` alike, `net::exchange::plan_for`) and `net::sim_sharded` drives it with the real step machine in virtual time (unit tests cover liars, silent and colluding aggregators). One shard per member; each shard has {redundancy} aggregators drawn per step; a member pushes each aggregator its slice (signs, a Merkle path, a 100-byte envelope) and announces once every shard holds it somewhere (its last few pushes, one in twenty at most, are sent again once the others' answers have stopped coming for {:.0}% of the time they took, 0.25 s at least: a lost request is otherwise learnt only at its deadline); an aggregator sums the listed slices and gossips the signed hash; every node downloads each shard's sum once and takes it when the seats agree (or the rest are silent {:.0} s after the first); each shard is also recomputed from its slices by {spots} node(s) a step on average (one shard a node, with one shard per member), and about {backups} nodes recompute a shard whose seat is silent, both beside acceptance (a spot check once the node has taken the sum; a check that proves the sum false rewinds the step). A sum or slice request unanswered for {:.0} s is also sent to the next source (a hedged request; a node hedges at most a twentieth of its first requests beyond 32 saved ones), and so are a node's last few sum requests (one in twenty at most) at once when the others' answers stalled as the pushes' do; a seat waits {:.1} s after the manifest for pushes in flight before it fetches the listed slices it lacks. A sum is either the exact integer vote count (what `shard::sum` builds and `shard::check` proves wrong: ⌈log2(2·members+1)⌉ bits a position) or only its sign (2 bits: a different update rule, since the recipe's decoder takes signs after the inverse DCT of the summed votes, not before; its convergence is measured as *signagg* in the convergence table above, with 4 members only, where a sign sum loses little: a vote of 4–0 counts as one of 3–1; with hundreds of members it drops far more of the count, which is not measured). Same links, compute, failure rate, deadlines, seed and number of steps as the all-to-all run of the same deployment above; the baseline is the same design with no network cost. Upload and download are per node per step, in payloads ({}).\n\n| nodes | steps | sum | aggregate | s/step free | s/step links | contributors (free) | contributed-token efficiency | share of ideal (free → links) | upload mean (max) | download mean (max) | of which gossip | recomputations per node-step | after compute: manifest / accepted / applied (s) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        timing.stall_share * 100.0,
         timing.agree.as_secs_f64(),
         timing.hedge.as_secs_f64(),
         timing.wait.as_secs_f64(),
@@ -406,9 +412,10 @@ fn sharded(
             );
             let ph = net.phases;
             println!(
-                "{line}   ({:.1} s to simulate; announced {:.2} s after compute)",
+                "{line}   ({:.1} s to simulate; announced {:.2} s and the last sum hash came {:.2} s after compute)",
                 wall.elapsed().as_secs_f64(),
                 ph.announced,
+                ph.signed,
             );
             md.push_str(&line);
             md.push('\n');
@@ -464,6 +471,7 @@ fn sharded(
                 .num(&format!("{key}_convictions"), net.convictions as f64)
                 .num(&format!("{key}_announced_secs"), ph.announced)
                 .num(&format!("{key}_manifest_secs"), ph.manifest)
+                .num(&format!("{key}_signed_secs"), ph.signed)
                 .num(&format!("{key}_accepted_secs"), ph.accepted)
                 .num(&format!("{key}_applied_secs"), ph.applied);
         }

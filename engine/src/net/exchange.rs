@@ -242,6 +242,10 @@ pub struct Timing {
     /// only at its deadline (`step::Timing::deadline`, 5 s and more), every
     /// step would otherwise wait that long for one of them.
     pub hedge: Duration,
+    /// The few requests left of a batch whose answers have stopped coming
+    /// count as lost once none has come for this share of the time the
+    /// batch has taken so far ([`Stall`]).
+    pub stall_share: f64,
 }
 
 impl Default for Timing {
@@ -253,6 +257,7 @@ impl Default for Timing {
             silent: Duration::from_secs(10),
             reseat: Duration::from_secs(30),
             hedge: Duration::from_secs(2),
+            stall_share: 0.25,
         }
     }
 }
@@ -367,6 +372,9 @@ struct Agg {
     asking: BTreeMap<u32, Asking>,
     /// Fetching starts at this time (the manifest plus `wait`).
     fetch_from: Option<Duration>,
+    /// Those fetches' answers: once they stopped coming with only a few
+    /// left, the few are hedged at once (within the hedge budget).
+    stall: Stall,
     published: bool,
     /// Members this seat said withhold their slice.
     claimed: BTreeSet<u32>,
@@ -573,11 +581,12 @@ impl Stall {
     }
 
     /// When the requests left count as lost: none while more than `few`
-    /// (or none) are left.
-    fn due(&self, few: usize) -> Option<Duration> {
+    /// (or none) are left; else once none has come for `share` of the time
+    /// the batch has taken.
+    fn due(&self, few: usize, share: f64) -> Option<Duration> {
         let start = self.start?;
-        let quarter = self.since.saturating_sub(start) / 4;
-        (self.left > 0 && self.left <= few).then(|| self.since + quarter.max(STALL_FLOOR))
+        let part = self.since.saturating_sub(start).mul_f64(share.max(0.0));
+        (self.left > 0 && self.left <= few).then(|| self.since + part.max(STALL_FLOOR))
     }
 
     /// Those left were asked again at `now`: as long again before the next
@@ -646,11 +655,13 @@ impl HedgeBudget {
         }
     }
 
-    /// When to look at `ask` again for a hedge: none while the budget is
-    /// spent and the hedge is already due (the answer, or its failure,
-    /// wakes it instead).
+    /// When to look at `ask` again for a hedge: none once the hedge is
+    /// due (it went with this look if it could; else the answer, or its
+    /// failure, wakes it). A look at a time already past would come back
+    /// at once, for ever, where the hedge cannot go (no budget left, or
+    /// nothing to ask: a seat's own shard) or a retry waits its turn.
     fn wake_at(&self, ask: &Asking, now: Duration, hedge: Duration) -> Option<Duration> {
-        ask.hedge_at(hedge).filter(|t| *t > now || self.ready())
+        ask.hedge_at(hedge).filter(|t| *t > now)
     }
 }
 
@@ -700,6 +711,7 @@ impl Agg {
             .collect();
         self.missing = self.asking.len();
         self.fetch_from = Some(from);
+        self.stall = Stall::default();
     }
 }
 
@@ -1291,14 +1303,14 @@ impl Exchange {
         // sums it serves, has most of them left and sends none again.
         if st.computed && st.manifest.is_none() {
             st.push_stall.watch(now, st.unacked.len());
-            if let Some(due) = st.push_stall.due(st.push_few) {
+            if let Some(due) = st.push_stall.due(st.push_few, timing.stall_share) {
                 if now >= due {
                     for &(s, to) in &st.unacked {
                         self.out.push(Action::Push { step, shard: s, to });
                     }
                     st.push_stall.again(now);
                 }
-                if let Some(t) = st.push_stall.due(st.push_few) {
+                if let Some(t) = st.push_stall.due(st.push_few, timing.stall_share) {
                     self.timers.insert((t, step, u32::MAX));
                 }
             }
@@ -1339,11 +1351,26 @@ impl Exchange {
                 });
             } else if !a.published && a.fetch_from.is_some_and(|t| t <= now) {
                 let seats = &st.seats[s];
+                // Fetches whose answers stalled with only a few left
+                // ([`Stall`]: at most one listed slice in [`STRAGGLERS`],
+                // and two in a small job) are hedged at once.
+                let few = (st.members.as_ref().map_or(0, Vec::len) / STRAGGLERS).max(2);
+                a.stall.watch(now, a.missing);
+                let due = a.stall.due(few, timing.stall_share);
+                let slice_hedge = match due {
+                    Some(t) if t <= now => Duration::ZERO,
+                    Some(t) => {
+                        self.timers.insert((t, step, shard));
+                        hedge
+                    }
+                    None => hedge,
+                };
                 let Agg {
                     asking, claimed, ..
                 } = a;
                 for (&m, ask) in asking.iter_mut() {
-                    if let Some(hedging) = self.hedges.may_ask(ask, ask.out == 0, now, hedge) {
+                    if let Some(hedging) = self.hedges.may_ask(ask, ask.out == 0, now, slice_hedge)
+                    {
                         // The member first, then the shard's other aggregators.
                         let sources: Vec<u32> = std::iter::once(m)
                             .chain(seats.iter().copied().filter(|&x| x != m))
@@ -1370,7 +1397,7 @@ impl Exchange {
                             });
                         }
                     }
-                    if let Some(t) = self.hedges.wake_at(ask, now, hedge) {
+                    if let Some(t) = self.hedges.wake_at(ask, now, slice_hedge) {
                         self.timers.insert((t, step, shard));
                     }
                 }
@@ -1400,11 +1427,19 @@ impl Exchange {
         // only a few left ([`Stall`]) are hedged at once.
         if st.sum_stall.watch(now, st.sums_out.len()) {
             st.sums_stalled = false;
-            if let (Some(t), Some(&x)) = (st.sum_stall.due(st.sums_few), st.sums_out.first()) {
+            if let (Some(t), Some(&x)) = (
+                st.sum_stall.due(st.sums_few, timing.stall_share),
+                st.sums_out.first(),
+            ) {
                 self.timers.insert((t, step, x));
             }
         }
-        if !st.sums_stalled && st.sum_stall.due(st.sums_few).is_some_and(|t| t <= now) {
+        if !st.sums_stalled
+            && st
+                .sum_stall
+                .due(st.sums_few, timing.stall_share)
+                .is_some_and(|t| t <= now)
+        {
             st.sums_stalled = true;
             for &x in &st.sums_out {
                 st.sums_lost.insert(x);

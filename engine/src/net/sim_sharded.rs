@@ -117,6 +117,9 @@ pub struct Phases {
     pub announced: f64,
     /// The step's manifest reached it.
     pub manifest: f64,
+    /// The last seat's signed sum hash reached it: a step's sums can be
+    /// taken no sooner (unless a silent seat is waited out).
+    pub signed: f64,
     /// Every shard's sum accepted.
     pub accepted: f64,
     /// The step applied.
@@ -291,6 +294,8 @@ struct Node {
     steps_deadline: Option<Duration>,
     /// Per step, when each of its marks ([`Phases`]) was first reached.
     marks: BTreeMap<u32, [Option<f64>; MARKS]>,
+    /// Per step, when its last sum hash came.
+    last_hash: BTreeMap<u32, f64>,
 }
 
 impl Node {
@@ -373,6 +378,7 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
                 recomputes: 0,
                 steps_deadline: None,
                 marks: BTreeMap::new(),
+                last_hash: BTreeMap::new(),
             }
         })
         .collect();
@@ -656,6 +662,7 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
             } => {
                 let me = &mut nodes[node as usize];
                 open(me, node, step);
+                me.last_hash.insert(step, now);
                 for s in shards {
                     me.ex.on_sum_hash(d, step, s, from, manifest, TRUE_SUM);
                 }
@@ -1082,9 +1089,18 @@ fn phases(nodes: &[&Node]) -> Phases {
             .fold((0.0, 0u64), |(s, c), v| (s + v, c + 1));
         sum / count.max(1) as f64
     };
+    let (sum, count) = nodes
+        .iter()
+        .flat_map(|x| {
+            x.last_hash
+                .iter()
+                .filter_map(|(step, t)| Some(t - x.marks.get(step)?[0]?))
+        })
+        .fold((0.0, 0u64), |(s, c), v| (s + v, c + 1));
     Phases {
         announced: mean(1),
         manifest: mean(2),
+        signed: sum / count.max(1) as f64,
         accepted: mean(3),
         applied: mean(4),
     }

@@ -558,23 +558,23 @@ fn a_stall_takes_the_few_requests_left_for_lost_after_a_quarter_of_the_time_the_
     let mut w = Stall::default();
     assert!(w.watch(s(10), 2000));
     // Many left: none is taken for lost, however long.
-    assert_eq!(w.due(100), None);
+    assert_eq!(w.due(100, 0.25), None);
     // Answers came for 4 s, then stopped with 3 left: lost a second
     // later (a quarter of 4 s).
     assert!(w.watch(s(14), 3));
     assert!(!w.watch(s(14), 3));
-    assert_eq!(w.due(100), Some(s(15)));
+    assert_eq!(w.due(100, 0.25), Some(s(15)));
     // Asked again at 15: the next look is as long again.
     w.again(s(15));
-    assert_eq!(w.due(100), Some(s(15) + Duration::from_millis(1250)));
+    assert_eq!(w.due(100, 0.25), Some(s(15) + Duration::from_millis(1250)));
     // A batch answered at once waits the floor, above a round trip.
     let mut quick = Stall::default();
     quick.watch(s(1), 10);
     quick.watch(s(1), 1);
-    assert_eq!(quick.due(5), Some(s(1) + STALL_FLOOR));
+    assert_eq!(quick.due(5, 0.25), Some(s(1) + STALL_FLOOR));
     // All answered: nothing is due.
     quick.watch(s(2), 0);
-    assert_eq!(quick.due(5), None);
+    assert_eq!(quick.due(5, 0.25), None);
 }
 
 #[test]
@@ -607,7 +607,7 @@ fn a_node_whose_seats_all_answer_slowly_hedges_a_twentieth_of_its_requests_beyon
 }
 
 #[test]
-fn a_seat_whose_slice_request_goes_unanswered_asks_the_other_seat_after_the_hedge_delay() {
+fn a_seat_whose_one_slice_request_goes_unanswered_asks_the_other_seat_after_a_short_stall() {
     let seats = seats8();
     let [a, b] = [seats[0][0], seats[0][1]];
     // A member that is no seat of shard 0: its push to `b` fails, and
@@ -625,6 +625,11 @@ fn a_seat_whose_slice_request_goes_unanswered_asks_the_other_seat_after_the_hedg
     // `a` alone.
     assert_eq!(w.signed.get(&(0, b)), Some(&truth(0)));
     assert_eq!(w.signed.get(&(0, a)), Some(&truth(0)));
+    // It asked `a` as soon as its one request (a few, in a small job) had
+    // stood unanswered for `STALL_FLOOR`, not the hedge delay: everyone
+    // applied then.
+    let last = w.applied_at.values().copied().max().unwrap();
+    assert_eq!(last, Timing::default().wait + STALL_FLOOR);
 }
 
 #[test]
