@@ -50,8 +50,9 @@
 //! A node asks a thousand small things a step (a sum per shard, a seat's
 //! missing slices), so a request unanswered for `hedge` goes to the next
 //! source as well ("hedged", the first answer counting) rather than waiting
-//! out its deadline; the last few sum requests, once the others' answers
-//! stopped coming ([`Stall`]), are hedged at once.
+//! out its deadline; the last few sum requests and a seat's last few slice
+//! fetches, once the others' answers stopped coming ([`Stall`]), are
+//! hedged at once.
 //!
 //! 6. A shard none of whose seats signed within `reseat` of the manifest
 //!    (its seats are taken for dead), and that nothing else decided, gets
@@ -425,6 +426,15 @@ impl Asking {
     fn hedge_due(&self, now: Duration, hedge: Duration) -> bool {
         self.hedge_at(hedge).is_some_and(|t| t <= now)
     }
+
+    /// When to look again for a hedge: none once it is due (it went with
+    /// this look if it could; else the answer, or its failure, wakes it).
+    /// A look at a time already past would come back at once, for ever,
+    /// where the hedge cannot go (no budget left, or nothing to ask: a
+    /// seat's own shard) or a retry waits its turn.
+    fn wake_at(&self, now: Duration, hedge: Duration) -> Option<Duration> {
+        self.hedge_at(hedge).filter(|t| *t > now)
+    }
 }
 
 /// A receiver's view of one shard.
@@ -541,13 +551,19 @@ pub struct Exchange {
 /// against 0.682 resending by shard).
 const STRAGGLERS: usize = 20;
 
+/// How many of a batch of `batch` requests are "a few" ([`Stall`]): one in
+/// [`STRAGGLERS`], and at least `least`.
+fn stragglers(batch: usize, least: usize) -> usize {
+    (batch / STRAGGLERS).max(least)
+}
+
 /// The shortest stall after which the few requests left of a batch count
 /// as lost ([`Stall`]): above a home link's round trip (two ends at up to
 /// 40 ms each way, `cohort-bench simulate`'s links).
-const STALL_FLOOR: Duration = Duration::from_millis(250);
+pub const STALL_FLOOR: Duration = Duration::from_millis(250);
 
 /// A batch of requests sent together (a member's pushes, a node's sum
-/// requests) whose answers have stopped coming with only a few left: the
+/// requests, a seat's fetches of listed slices it lacks) whose answers have stopped coming with only a few left: the
 /// few were lost, not slow. Answers that share one uplink come about
 /// together, so the batch's own pace tells a lost request from a late one
 /// long before its deadline (5 s and more), and sooner than a hedge timed
@@ -653,15 +669,6 @@ impl HedgeBudget {
         } else {
             self.tokens = (self.tokens + HEDGE_SHARE).min(HEDGE_BURST);
         }
-    }
-
-    /// When to look at `ask` again for a hedge: none once the hedge is
-    /// due (it went with this look if it could; else the answer, or its
-    /// failure, wakes it). A look at a time already past would come back
-    /// at once, for ever, where the hedge cannot go (no budget left, or
-    /// nothing to ask: a seat's own shard) or a retry waits its turn.
-    fn wake_at(&self, ask: &Asking, now: Duration, hedge: Duration) -> Option<Duration> {
-        ask.hedge_at(hedge).filter(|t| *t > now)
     }
 }
 
@@ -841,7 +848,7 @@ impl Exchange {
                 sum_stall: Stall::default(),
                 // At least two: a small job's node asks a hung seat for
                 // a sum or two.
-                sums_few: (shards / STRAGGLERS).max(2),
+                sums_few: stragglers(shards, 2),
                 sums_stalled: false,
                 sums_lost: BTreeSet::new(),
                 agg,
@@ -892,7 +899,7 @@ impl Exchange {
         }
         // At least a shard's worth: a small job's few pushes.
         let per_shard = st.seats.first().map_or(1, Vec::len);
-        st.push_few = (st.unacked.len() / STRAGGLERS).max(per_shard);
+        st.push_few = stragglers(st.unacked.len(), per_shard);
         self.dirty.insert((step, u32::MAX));
         for a in st.agg.values_mut() {
             Self::hold(a, me, st.members.as_deref());
@@ -1163,14 +1170,13 @@ impl Exchange {
         r.ask.back();
         if current.is_some() && r.hashes[seat] == current.map(|m| (m, hash)) {
             r.got = Some(hash);
-            st.sums_out.remove(&shard);
         } else {
-            if r.ask.out == 0 {
-                st.sums_out.remove(&shard);
-            }
             // Bytes that are not what their server signed: ask another.
             r.due = Some(now + self.timing.retry);
             self.timers.insert((now + self.timing.retry, step, shard));
+        }
+        if r.got.is_some() || r.ask.out == 0 {
+            st.sums_out.remove(&shard);
         }
         self.dirty.insert((step, shard));
         Verdict::Accepted
@@ -1354,7 +1360,7 @@ impl Exchange {
                 // Fetches whose answers stalled with only a few left
                 // ([`Stall`]: at most one listed slice in [`STRAGGLERS`],
                 // and two in a small job) are hedged at once.
-                let few = (st.members.as_ref().map_or(0, Vec::len) / STRAGGLERS).max(2);
+                let few = stragglers(st.members.as_ref().map_or(0, Vec::len), 2);
                 a.stall.watch(now, a.missing);
                 let due = a.stall.due(few, timing.stall_share);
                 let slice_hedge = match due {
@@ -1397,7 +1403,7 @@ impl Exchange {
                             });
                         }
                     }
-                    if let Some(t) = self.hedges.wake_at(ask, now, slice_hedge) {
+                    if let Some(t) = ask.wake_at(now, slice_hedge) {
                         self.timers.insert((t, step, shard));
                     }
                 }
@@ -1556,7 +1562,7 @@ impl Exchange {
                     self.out.push(Action::FetchSum { step, shard, from });
                 }
             }
-            if let Some(t) = self.hedges.wake_at(&r.ask, now, sum_hedge)
+            if let Some(t) = r.ask.wake_at(now, sum_hedge)
                 && r.got.is_none()
             {
                 self.timers.insert((t, step, shard));

@@ -1081,26 +1081,27 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
 }
 
 fn phases(nodes: &[&Node]) -> Phases {
-    let mean = |which: usize| {
-        let (sum, count) = nodes
-            .iter()
-            .flat_map(|x| x.marks.values())
-            .filter_map(|m| Some(m[which]? - m[0]?))
-            .fold((0.0, 0u64), |(s, c), v| (s + v, c + 1));
+    let average = |xs: &mut dyn Iterator<Item = f64>| {
+        let (sum, count) = xs.fold((0.0, 0u64), |(s, c), v| (s + v, c + 1));
         sum / count.max(1) as f64
     };
-    let (sum, count) = nodes
-        .iter()
-        .flat_map(|x| {
-            x.last_hash
+    let mean = |which: usize| {
+        average(
+            &mut nodes
                 .iter()
-                .filter_map(|(step, t)| Some(t - x.marks.get(step)?[0]?))
-        })
-        .fold((0.0, 0u64), |(s, c), v| (s + v, c + 1));
+                .flat_map(|x| x.marks.values())
+                .filter_map(|m| Some(m[which]? - m[0]?)),
+        )
+    };
+    let signed = average(&mut nodes.iter().flat_map(|x| {
+        x.last_hash
+            .iter()
+            .filter_map(|(step, t)| Some(t - x.marks.get(step)?[0]?))
+    }));
     Phases {
         announced: mean(1),
         manifest: mean(2),
-        signed: sum / count.max(1) as f64,
+        signed,
         accepted: mean(3),
         applied: mean(4),
     }

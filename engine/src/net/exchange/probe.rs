@@ -73,7 +73,7 @@ impl Probe {
                 });
             }
         }
-        hedges.wake_at(&self.ask, now, hedge).or(self.due)
+        self.ask.wake_at(now, hedge).or(self.due)
     }
 }
 
