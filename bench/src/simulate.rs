@@ -41,6 +41,7 @@ const FLAGS: &[&str] = &[
     "sharded-steps",
     "sharded-only",
     "seeds",
+    "large-seeds",
     "hedge-secs",
     "agree-secs",
     "stall-share",
@@ -316,8 +317,11 @@ pub fn run(raw: &[String]) -> Result<()> {
     let positions: usize = (0..layout.dcts.len())
         .map(|p| layout.dcts[p].tiling.chunks() * layout.topk[p])
         .sum();
-    sharded(&a, &mut md, &mut f, &bases, positions as u64, compute_secs)?;
+    let large_sign = sharded(&a, &mut md, &mut f, &bases, positions as u64, compute_secs)?;
     spread(&a, &mut md, &mut f, &small, positions as u64, sharded_only)?;
+    if let Some(first) = large_sign {
+        spread_large(&a, &mut md, &mut f, first, positions as u64)?;
+    }
     let seed48 = results.iter().find(|r| r.0 == "seed48");
     if let Some((_, nodes, free, net)) = seed48 {
         md.push_str(&format!(
@@ -342,7 +346,8 @@ pub fn run(raw: &[String]) -> Result<()> {
 /// The sharded exchange (`net::exchange`, which the node runs for a job
 /// of 10 members or more, `net::exchange::plan_for`)
 /// over the same deployments: every node runs the real step machine
-/// and the real exchange machine in virtual time.
+/// and the real exchange machine in virtual time. Returns the largest
+/// deployment's run with sign sums, if one ran, for [`spread_large`].
 fn sharded(
     a: &Args,
     md: &mut String,
@@ -350,7 +355,9 @@ fn sharded(
     bases: &[SimConfig],
     positions: u64,
     compute_secs: f64,
-) -> Result<()> {
+) -> Result<Option<(SimConfig, [f64; 3])>> {
+    let largest = bases.iter().map(|b| b.nodes).max();
+    let mut large_sign = None;
     let redundancy: usize = a.get("redundancy", 2)?;
     let spots: usize = a.get("spots", 1)?;
     let backups: usize = a.get("backups", 4)?;
@@ -363,10 +370,17 @@ fn sharded(
     let timing = exchange_timing(a)?;
     // Which sums to run: `integer`, `sign` or both (the default).
     let sums: String = a.get("sums", "integer,sign".to_string())?;
+    let floor = exchange::STALL_FLOOR.as_secs_f64();
+    let stall = if timing.stall_share > 0.0 {
+        format!(
+            "{:.0}% of the time they took, {floor:.2} s at least",
+            timing.stall_share * 100.0
+        )
+    } else {
+        format!("{floor:.2} s")
+    };
     md.push_str(&format!(
-        "\n### The sharded exchange\n\n`net::exchange` is the data plane of issue 18's sharded exchange as a pure state machine: the libp2p node drives it (tested across 8 processes; a job of 10 members or more runs it, in the app and `cohort-peer` alike, `net::exchange::plan_for`) and `net::sim_sharded` drives it with the real step machine in virtual time (unit tests cover liars, silent and colluding aggregators). One shard per member; each shard has {redundancy} aggregators drawn per step; a member pushes each aggregator its slice (signs, a Merkle path, a 100-byte envelope) and announces once every shard holds it somewhere (its last few pushes, one in twenty at most, are sent again once the others' answers have stopped coming for {:.0}% of the time they took, {:.2} s at least: a lost request is otherwise learnt only at its deadline); an aggregator sums the listed slices and gossips the signed hash; every node downloads each shard's sum once and takes it when the seats agree (or the rest are silent {:.0} s after the first); each shard is also recomputed from its slices by {spots} node(s) a step on average (one shard a node, with one shard per member), and about {backups} nodes recompute a shard whose seat is silent, both beside acceptance (a spot check once the node has taken the sum; a check that proves the sum false rewinds the step). A sum or slice request unanswered for {:.0} s is also sent to the next source (a hedged request; a node hedges at most a twentieth of its first requests beyond 32 saved ones), and so are a node's last few sum requests and a seat's last few slice fetches (one in twenty at most) at once when the others' answers stalled as the pushes' do; a seat waits {:.1} s after the manifest for pushes in flight before it fetches the listed slices it lacks. A sum is either the exact integer vote count (what `shard::sum` builds and `shard::check` proves wrong: ⌈log2(2·members+1)⌉ bits a position) or only its sign (2 bits: a different update rule, since the recipe's decoder takes signs after the inverse DCT of the summed votes, not before; its convergence is measured as *signagg* in the convergence table above, with 4 members only, where a sign sum loses little: a vote of 4–0 counts as one of 3–1; with hundreds of members it drops far more of the count, which is not measured). Same links, compute, failure rate, deadlines, seed and number of steps as the all-to-all run of the same deployment above; the baseline is the same design with no network cost. Upload and download are per node per step, in payloads ({}).\n\n| nodes | steps | sum | aggregate | s/step free | s/step links | contributors (free) | contributed-token efficiency | share of ideal (free → links) | upload mean (max) | download mean (max) | of which gossip | recomputations per node-step | after compute: manifest / accepted / applied (s) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
-        timing.stall_share * 100.0,
-        exchange::STALL_FLOOR.as_secs_f64(),
+        "\n### The sharded exchange\n\n`net::exchange` is the data plane of issue 18's sharded exchange as a pure state machine: the libp2p node drives it (tested across 8 processes; a job of 10 members or more runs it, in the app and `cohort-peer` alike, `net::exchange::plan_for`) and `net::sim_sharded` drives it with the real step machine in virtual time (unit tests cover liars, silent and colluding aggregators). One shard per member; each shard has {redundancy} aggregators drawn per step; a member pushes each aggregator its slice (signs, a Merkle path, a 100-byte envelope) and announces once every shard holds it somewhere (its last few pushes, one in twenty at most, are sent again once the others' answers have stopped coming for {stall}: a lost request is otherwise learnt only at its deadline); an aggregator sums the listed slices and gossips the signed hash; every node downloads each shard's sum once and takes it when the seats agree (or the rest are silent {:.0} s after the first); each shard is also recomputed from its slices by {spots} node(s) a step on average (one shard a node, with one shard per member), and about {backups} nodes recompute a shard whose seat is silent, both beside acceptance (a spot check once the node has taken the sum; a check that proves the sum false rewinds the step). A sum or slice request unanswered for {:.0} s is also sent to the next source (a hedged request; a node hedges at most a twentieth of its first requests beyond 32 saved ones), and so are a node's last few sum requests and a seat's last few slice fetches (one in twenty at most) at once when the others' answers stalled as the pushes' do; a seat waits {:.1} s after the manifest for pushes in flight before it fetches the listed slices it lacks. A sum is either the exact integer vote count (what `shard::sum` builds and `shard::check` proves wrong: ⌈log2(2·members+1)⌉ bits a position) or only its sign (2 bits: a different update rule, since the recipe's decoder takes signs after the inverse DCT of the summed votes, not before; its convergence is measured as *signagg* in the convergence table above, with 4 members only, where a sign sum loses little: a vote of 4–0 counts as one of 3–1; with hundreds of members it drops far more of the count, which is not measured). Same links, compute, failure rate, deadlines, seed and number of steps as the all-to-all run of the same deployment above; the baseline is the same design with no network cost. Upload and download are per node per step, in payloads ({}).\n\n| nodes | steps | sum | aggregate | s/step free | s/step links | contributors (free) | contributed-token efficiency | share of ideal (free → links) | upload mean (max) | download mean (max) | of which gossip | recomputations per node-step | after compute: manifest / accepted / applied (s) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
         timing.agree.as_secs_f64(),
         timing.hedge.as_secs_f64(),
         timing.wait.as_secs_f64(),
@@ -411,6 +425,9 @@ fn sharded(
                 net.phases.accepted,
                 net.phases.applied,
             );
+            if sum == "sign" && Some(nodes) == largest && nodes > 48 {
+                large_sign = Some((base.clone(), [ideal_free, ideal, eff]));
+            }
             let ph = net.phases;
             println!(
                 "{line}   ({:.1} s to simulate; announced {:.2} s and the last sum hash came {:.2} s after compute)",
@@ -478,6 +495,9 @@ fn sharded(
         }
     }
     f.num("sharded_redundancy", redundancy as f64)
+        .num("sharded_stall_share", timing.stall_share)
+        .num("sharded_stall_floor_secs", floor)
+        .num("sharded_hedge_secs", timing.hedge.as_secs_f64())
         .num("sharded_withholding", a.get("withholding", 0u32)? as f64)
         .num("sharded_spots", spots as f64)
         .num("sharded_backups", backups as f64)
@@ -496,12 +516,12 @@ fn sharded(
     md.push_str(&format!(
         "\nWhere each node's upload goes, in payloads per node per applied step (means over nodes): its own slices pushed to the seats, sums served as a seat, slices served to recomputations (spot checks and backups), slices served to seats that lacked them (and to probes), and gossip.\n\n| nodes | sum | pushes | sums served | recomputations served | other slices | gossip | total |\n|---|---|---|---|---|---|---|---|\n{uploads}"
     ));
-    Ok(())
+    Ok(large_sign)
 }
 
 /// The 48-node runs again over `--seeds` seeds (node speeds, links and
-/// failures drawn anew), so the figures above come with their spread. The
-/// 1,000-node runs take minutes each and are not repeated.
+/// failures drawn anew), so the figures above come with their spread (the
+/// larger deployment's sharded run: [`spread_large`]).
 fn spread(
     a: &Args,
     md: &mut String,
@@ -570,38 +590,101 @@ fn spread(
         }
     }
     for (label, key, runs) in rows {
-        let stat = |i: usize| {
-            let v: Vec<f64> = runs.iter().map(|r| r[i]).collect();
-            let mean = v.iter().sum::<f64>() / v.len() as f64;
-            let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
-            let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-            (mean, lo, hi)
-        };
-        let cells: Vec<String> = (0..3)
-            .map(|i| {
-                let (m, lo, hi) = stat(i);
-                format!("{m:.3} ({lo:.3}–{hi:.3})")
-            })
-            .collect();
-        let line = format!("| {label} | {} |", cells.join(" | "));
-        println!("{line}");
-        md.push_str(&line);
-        md.push('\n');
-        for (i, name) in [
-            "share_of_ideal_free",
-            "share_of_ideal",
-            "contributed_token_efficiency",
-        ]
-        .iter()
-        .enumerate()
-        {
-            let (m, lo, hi) = stat(i);
-            f.num(&format!("{key}_seeds_{name}_mean"), m)
-                .num(&format!("{key}_seeds_{name}_min"), lo)
-                .num(&format!("{key}_seeds_{name}_max"), hi);
-        }
+        spread_row(md, f, &label, &key, &runs);
     }
     f.num("seeds", seeds as f64);
+    Ok(())
+}
+
+/// One row of a spread table: mean (min–max) of share of ideal free, over
+/// links, and contributed-token efficiency over `runs`, printed, written
+/// to `md` and recorded as `{key}_seeds_*`.
+fn spread_row(md: &mut String, f: &mut Figures, label: &str, key: &str, runs: &[[f64; 3]]) {
+    let stat = |i: usize| {
+        let v: Vec<f64> = runs.iter().map(|r| r[i]).collect();
+        let mean = v.iter().sum::<f64>() / v.len() as f64;
+        let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        (mean, lo, hi)
+    };
+    let cells: Vec<String> = (0..3)
+        .map(|i| {
+            let (m, lo, hi) = stat(i);
+            format!("{m:.3} ({lo:.3}–{hi:.3})")
+        })
+        .collect();
+    let line = format!("| {label} | {} |", cells.join(" | "));
+    println!("{line}");
+    md.push_str(&line);
+    md.push('\n');
+    for (i, name) in [
+        "share_of_ideal_free",
+        "share_of_ideal",
+        "contributed_token_efficiency",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let (m, lo, hi) = stat(i);
+        f.num(&format!("{key}_seeds_{name}_mean"), m)
+            .num(&format!("{key}_seeds_{name}_min"), lo)
+            .num(&format!("{key}_seeds_{name}_max"), hi);
+    }
+}
+
+/// The largest deployment's sharded run with sign sums (the exchange it
+/// would run, and the issue's 0.80 goal) again over `--large-seeds` seeds
+/// in all (43 and up besides `first`, seed 42's run from the table above),
+/// so its figure comes with a spread too. Each takes minutes.
+fn spread_large(
+    a: &Args,
+    md: &mut String,
+    f: &mut Figures,
+    first: (SimConfig, [f64; 3]),
+    positions: u64,
+) -> Result<()> {
+    let seeds: u32 = a.get("large-seeds", 3)?;
+    f.num("large_seeds", seeds as f64);
+    if seeds <= 1 {
+        return Ok(());
+    }
+    let (base, first) = first;
+    let nodes = base.nodes;
+    md.push_str(&format!(
+        "\n### Spread over seeds, {nodes} nodes\n\nThe {nodes}-node sharded run with sign sums again with {seeds} seeds in all (42, the run above, and up), same settings otherwise (`--large-seeds`). Mean (min–max).\n\n| run | share of ideal, free | share of ideal, links | contributed-token efficiency |\n|---|---|---|---|\n"
+    ));
+    println!("\nspread over {seeds} seeds, {nodes} nodes:");
+    let mut runs = vec![first];
+    for k in 1..seeds {
+        let c = SimConfig {
+            seed: base.seed + k as u64,
+            ..base.clone()
+        };
+        let s = sharded_config(a, &c, positions, 2)?;
+        let wall = std::time::Instant::now();
+        let (free, net) = (simulate_sharded(&s, true), simulate_sharded(&s, false));
+        let run = [
+            share_of_ideal(&free.run, &c),
+            share_of_ideal(&net.run, &c),
+            net.run.contributed_efficiency(&free.run),
+        ];
+        println!(
+            "  seed {}: share of ideal {:.3} → {:.3}, contributed-token efficiency {:.3} ({:.1} s to simulate)",
+            c.seed,
+            run[0],
+            run[1],
+            run[2],
+            wall.elapsed().as_secs_f64()
+        );
+        runs.push(run);
+    }
+    spread_row(
+        md,
+        f,
+        "sharded, sign sums",
+        &format!("sharded{nodes}_sign"),
+        &runs,
+    );
     Ok(())
 }
 

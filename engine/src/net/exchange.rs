@@ -244,8 +244,12 @@ pub struct Timing {
     /// step would otherwise wait that long for one of them.
     pub hedge: Duration,
     /// The few requests left of a batch whose answers have stopped coming
-    /// count as lost once none has come for this share of the time the
-    /// batch has taken so far ([`Stall`]).
+    /// count as lost once none has come for [`STALL_FLOOR`], or for this
+    /// share of the time the batch has taken so far where that is longer
+    /// ([`Stall`]). Shipped at 0, the floor alone: a quarter waited
+    /// seconds on batches whose slowest answers trickle in, and cost the
+    /// 1,000-node simulation 3% to 10% of its pace (`docs/p2p.md`); the
+    /// copies an early stall sends are capped by [`STRAGGLERS`] either way.
     pub stall_share: f64,
 }
 
@@ -258,7 +262,7 @@ impl Default for Timing {
             silent: Duration::from_secs(10),
             reseat: Duration::from_secs(30),
             hedge: Duration::from_secs(2),
-            stall_share: 0.25,
+            stall_share: 0.0,
         }
     }
 }
@@ -568,10 +572,11 @@ pub const STALL_FLOOR: Duration = Duration::from_millis(250);
 /// together, so the batch's own pace tells a lost request from a late one
 /// long before its deadline (5 s and more), and sooner than a hedge timed
 /// by answer times that a full uplink makes long. As TCP's RACK (RFC 8985)
-/// takes a segment for lost once later ones were acknowledged a quarter of
-/// a round trip ago, the few left count as lost once no answer has come
-/// for a quarter of the time the batch has taken so far, and at least
-/// [`STALL_FLOOR`].
+/// takes a segment for lost once later ones were acknowledged a fraction
+/// of a round trip ago, the few left count as lost once no answer has
+/// come for [`STALL_FLOOR`] (a few home round trips), or for
+/// [`Timing::stall_share`] of the time the batch has taken so far where a
+/// job sets one and that is longer.
 #[derive(Debug, Default, Clone, Copy)]
 struct Stall {
     /// When the batch's first request was out.

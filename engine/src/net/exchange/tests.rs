@@ -553,7 +553,8 @@ fn many_unanswered_sum_requests_hold_their_asker_for_the_hedge_delay_only() {
 }
 
 #[test]
-fn a_stall_takes_the_few_requests_left_for_lost_after_a_quarter_of_the_time_the_batch_took() {
+fn a_stall_takes_the_few_requests_left_for_lost_after_the_floor_or_a_share_of_the_time_the_batch_took()
+ {
     let s = |x: u64| Duration::from_secs(x);
     let mut w = Stall::default();
     assert!(w.watch(s(10), 2000));
@@ -564,6 +565,12 @@ fn a_stall_takes_the_few_requests_left_for_lost_after_a_quarter_of_the_time_the_
     assert!(w.watch(s(14), 3));
     assert!(!w.watch(s(14), 3));
     assert_eq!(w.due(100, 0.25), Some(s(15)));
+    // As shipped (no share), the floor alone: a few round trips.
+    assert_eq!(Timing::default().stall_share, 0.0);
+    assert_eq!(
+        w.due(100, Timing::default().stall_share),
+        Some(s(14) + STALL_FLOOR)
+    );
     // Asked again at 15: the next look is as long again.
     w.again(s(15));
     assert_eq!(w.due(100, 0.25), Some(s(15) + Duration::from_millis(1250)));
