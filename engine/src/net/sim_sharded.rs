@@ -318,7 +318,7 @@ fn hash_of(step: u32, member: u32) -> [u8; 32] {
 /// Runs the sharded exchange; `free_network` removes every transfer cost.
 pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResult {
     let base = &cfg.base;
-    let mut rng = Rng(base.seed | 1);
+    let mut rng = Rng::new(base.seed);
     let n = base.nodes.max(1);
     let job = [9u8; 32];
     let shards = cfg.shard_count();
