@@ -572,13 +572,7 @@ fn spread(
                             seed: 42 + k as u64,
                             ..cfg.clone()
                         };
-                        let s = sharded_config(a, &c, positions, bits)?;
-                        let (free, net) = (simulate_sharded(&s, true), simulate_sharded(&s, false));
-                        Ok([
-                            share_of_ideal(&free.run, &c),
-                            share_of_ideal(&net.run, &c),
-                            net.run.contributed_efficiency(&free.run),
-                        ])
+                        seed_run(a, &c, positions, bits)
                     })
                     .collect::<Result<_>>()?;
                 rows.push((
@@ -594,6 +588,19 @@ fn spread(
     }
     f.num("seeds", seeds as f64);
     Ok(())
+}
+
+/// One seed's sharded run over `cfg` with `bits`-bit sums, for a spread
+/// table: share of ideal free, over links, and contributed-token
+/// efficiency.
+fn seed_run(a: &Args, cfg: &SimConfig, positions: u64, bits: u32) -> Result<[f64; 3]> {
+    let s = sharded_config(a, cfg, positions, bits)?;
+    let (free, net) = (simulate_sharded(&s, true), simulate_sharded(&s, false));
+    Ok([
+        share_of_ideal(&free.run, cfg),
+        share_of_ideal(&net.run, cfg),
+        net.run.contributed_efficiency(&free.run),
+    ])
 }
 
 /// One row of a spread table: mean (min–max) of share of ideal free, over
@@ -660,14 +667,8 @@ fn spread_large(
             seed: base.seed + k as u64,
             ..base.clone()
         };
-        let s = sharded_config(a, &c, positions, 2)?;
         let wall = std::time::Instant::now();
-        let (free, net) = (simulate_sharded(&s, true), simulate_sharded(&s, false));
-        let run = [
-            share_of_ideal(&free.run, &c),
-            share_of_ideal(&net.run, &c),
-            net.run.contributed_efficiency(&free.run),
-        ];
+        let run = seed_run(a, &c, positions, 2)?;
         println!(
             "  seed {}: share of ideal {:.3} → {:.3}, contributed-token efficiency {:.3} ({:.1} s to simulate)",
             c.seed,
