@@ -41,6 +41,13 @@ pub enum Method {
     SharedAgg {
         sign: bool,
     },
+    /// The shared rule through this bench's own loop, on the stale schedule
+    /// with each member's gradient computed on weights extrapolated by the
+    /// last applied update, `P`/100 of it: `w + P/100 · (w − w_prev)`, a guess
+    /// at the weights the gradient will be applied to one step later. Every
+    /// node knows both states, so the guess is deterministic and auditable.
+    /// On the lock-step schedule it is the shared rule (nothing is stale).
+    SharedLook(u8),
 }
 
 impl Method {
@@ -60,6 +67,7 @@ impl Method {
             Method::TopAgg(k) => format!("topagg{k}"),
             Method::SharedAgg { sign: false } => "sharedagg".into(),
             Method::SharedAgg { sign: true } => "signagg".into(),
+            Method::SharedLook(p) => format!("sharedlook{p}"),
         }
     }
 
@@ -74,6 +82,9 @@ impl Method {
             Method::SharedAgg { sign: true } => {
                 "Cohort shared signs, summed votes cut to their sign"
             }
+            Method::SharedLook(_) => {
+                "Cohort shared signs, gradients on weights extrapolated by the last update"
+            }
         }
     }
 
@@ -83,6 +94,12 @@ impl Method {
                 .parse::<u16>()
                 .map_err(|_| anyhow::anyhow!("method `{s}`: expected topagg<K>, K a count"))?;
             return Ok(Method::TopAgg(k));
+        }
+        if let Some(p) = s.strip_prefix("sharedlook") {
+            let p = p.parse::<u8>().ok().filter(|p| *p > 0).ok_or_else(|| {
+                anyhow::anyhow!("method `{s}`: expected sharedlook<P>, P a percentage 1 to 255")
+            })?;
+            return Ok(Method::SharedLook(p));
         }
         for sign in [false, true] {
             if s == (Method::SharedAgg { sign }).key() {
@@ -94,7 +111,7 @@ impl Method {
             .find(|m| m.key() == s)
             .ok_or_else(|| {
                 anyhow::anyhow!(
-                    "unknown method `{s}`: expected adamw, sign, cohort, shared, topagg<K>, sharedagg or signagg"
+                    "unknown method `{s}`: expected adamw, sign, cohort, shared, topagg<K>, sharedagg, signagg or sharedlook<P>"
                 )
             })
     }
@@ -155,7 +172,7 @@ impl Setting {
     /// Coefficients per chunk `method` sends.
     pub fn k(&self, method: Method) -> usize {
         match method {
-            Method::Shared | Method::SharedAgg { .. } => self.shared_k,
+            Method::Shared | Method::SharedAgg { .. } | Method::SharedLook(_) => self.shared_k,
             _ => self.topk,
         }
     }
@@ -203,9 +220,11 @@ impl Setting {
                     tokens_per_sec: r.tokens_per_sec,
                 })
             }
-            Method::AdamW | Method::SignSgd | Method::TopAgg(_) | Method::SharedAgg { .. } => {
-                dense(p, &cfg, corpus)
-            }
+            Method::AdamW
+            | Method::SignSgd
+            | Method::TopAgg(_)
+            | Method::SharedAgg { .. }
+            | Method::SharedLook(_) => dense(p, &cfg, corpus),
         }
     }
 }
@@ -273,13 +292,15 @@ fn dense(p: &Point, cfg: &RunConfig, corpus: &Corpus) -> Result<Outcome> {
     let mut eval_secs = 0.0;
     let mut val_loss = f32::NAN;
     let mut ahead: Option<Vec<Vec<Vec<f32>>>> = None;
+    // The weights before the last applied update (`SharedLook` only).
+    let mut previous: Option<cohort_engine::params::ParamSet> = None;
     let cut = match p.method {
-        Method::TopAgg(_) | Method::SharedAgg { .. } => {
+        Method::TopAgg(_) | Method::SharedAgg { .. } | Method::SharedLook(_) => {
             let compress = CompressConfig {
                 decay: p.momentum,
                 decode: Decode::Sign,
                 select: match p.method {
-                    Method::SharedAgg { .. } => Select::Shared,
+                    Method::SharedAgg { .. } | Method::SharedLook(_) => Select::Shared,
                     _ => Select::TopK,
                 },
                 ..cfg.train.compress
@@ -334,12 +355,28 @@ fn dense(p: &Point, cfg: &RunConfig, corpus: &Corpus) -> Result<Outcome> {
             None => member_gradients(&mut members, step)?,
         };
         if p.schedule == Schedule::OneStepStale && step + 1 < cfg.steps {
-            // Computed on weights step `step` has not been applied to yet.
+            // Computed on weights step `step` has not been applied to yet
+            // (or, for `SharedLook`, on those extrapolated by the last update).
+            if let (Method::SharedLook(pct), Some(prev)) = (p.method, &previous) {
+                let gamma = pct as f32 / 100.0;
+                let mut look = params.clone();
+                for (l, w0) in look.values.iter_mut().zip(&prev.values) {
+                    for (x, x0) in l.iter_mut().zip(w0) {
+                        *x += gamma * (*x - x0);
+                    }
+                }
+                for m in members.iter_mut() {
+                    m.set_params(look.clone(), step)?;
+                }
+            }
             ahead = Some(member_gradients(&mut members, step + 1)?);
+        }
+        if matches!(p.method, Method::SharedLook(_)) {
+            previous = Some(params.clone());
         }
         match p.method {
             Method::AdamW => adam.step(&mut params.values, &mean_gradient(grads), lr.at(step)),
-            Method::TopAgg(_) | Method::SharedAgg { .. } => {
+            Method::TopAgg(_) | Method::SharedAgg { .. } | Method::SharedLook(_) => {
                 let (layout, compressors, k) = cut.as_mut().expect("set up for TopAgg");
                 // The draw the engine's members use (it matters only to the
                 // shared rule).
@@ -527,26 +564,39 @@ mod tests {
     }
 
     fn run(method: Method) -> Outcome {
+        run_on(method, Schedule::OneStepStale)
+    }
+
+    fn run_on(method: Method, schedule: Schedule) -> Outcome {
         let p = Point {
             method,
             lr: 3e-3,
             momentum: 0.99,
             seed: 0,
-            schedule: Schedule::OneStepStale,
+            schedule,
         };
         setting().run(&p, &Corpus::bundled().unwrap()).unwrap()
+    }
+
+    fn bits(o: &Outcome) -> Vec<(u32, u32)> {
+        o.curve.iter().map(|(s, l)| (*s, l.to_bits())).collect()
+    }
+
+    #[test]
+    fn the_look_ahead_changes_the_stale_run_and_leaves_the_lock_step_one_alone() {
+        let look = Method::SharedLook(100);
+        let kept = Method::SharedAgg { sign: false };
+        assert_ne!(bits(&run(look)), bits(&run(kept)));
+        assert_eq!(
+            bits(&run_on(look, Schedule::Lockstep)),
+            bits(&run_on(kept, Schedule::Lockstep))
+        );
     }
 
     #[test]
     fn the_loop_keeping_every_vote_is_the_engines_shared_rule_bit_for_bit_and_sign_sums_are_not() {
         let engine = run(Method::Shared);
         let kept = run(Method::SharedAgg { sign: false });
-        let bits = |o: &Outcome| {
-            o.curve
-                .iter()
-                .map(|(s, l)| (*s, l.to_bits()))
-                .collect::<Vec<_>>()
-        };
         assert_eq!(bits(&engine), bits(&kept));
         assert_eq!(engine.curve.len(), 2);
         // With three members a sign sum weighs a 3–0 vote as a 2–1 one:
@@ -562,9 +612,11 @@ mod tests {
             Method::SharedAgg { sign: false },
             Method::SharedAgg { sign: true },
             Method::TopAgg(3),
+            Method::SharedLook(100),
         ] {
             assert_eq!(Method::parse(&m.key()).unwrap(), m);
         }
         assert!(Method::parse("signagg2").is_err());
+        assert!(Method::parse("sharedlook0").is_err());
     }
 }

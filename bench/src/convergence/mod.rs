@@ -407,6 +407,7 @@ impl Best {
             (Method::TopAgg(_), _) => [140, 86, 75],
             (Method::SharedAgg { sign: false }, _) => [23, 190, 207],
             (Method::SharedAgg { sign: true }, _) => [214, 39, 40],
+            (Method::SharedLook(_), _) => [188, 189, 34],
         }
     }
     fn label(&self) -> String {
