@@ -76,7 +76,17 @@ pub enum Mode {
     /// contribution nobody can sum. Network node only; not in
     /// [`Mode::ALL`].
     Withholding,
+    /// Sends honest payloads announced as computed on a made-up state, so
+    /// that no witness of the sharded exchange audits them; as a step
+    /// leader it lists its own anyway (honest leaders list none of them):
+    /// votes that would count unaudited. Network node only; not in
+    /// [`Mode::ALL`].
+    ForeignBasis,
 }
+
+/// The state [`Mode::ForeignBasis`] claims its contributions were computed
+/// on.
+pub const FOREIGN_BASIS: [u8; 32] = [0xee; 32];
 
 /// The step at which [`Mode::Withholding`] withholds its slices.
 pub const WITHHELD_STEP: u32 = 2;
@@ -113,6 +123,7 @@ impl Mode {
             Mode::SilentReveal => "silent-reveal",
             Mode::LyingAggregator => "lying-aggregator",
             Mode::Withholding => "withholding",
+            Mode::ForeignBasis => "foreign-basis",
         }
     }
 
@@ -128,6 +139,7 @@ impl Mode {
                 Mode::SilentReveal,
                 Mode::LyingAggregator,
                 Mode::Withholding,
+                Mode::ForeignBasis,
             ])
             .find(|m| m.name() == s)
     }
@@ -199,7 +211,8 @@ pub fn forge(mode: Mode, a: &Attack) -> Payload {
             | Mode::LyingLeader
             | Mode::Stalling
             | Mode::LyingAggregator
-            | Mode::Withholding,
+            | Mode::Withholding
+            | Mode::ForeignBasis,
             Some(own),
         ) => own.clone(),
         (Mode::Alie, _) => against_majority(a, &mut rng, false),

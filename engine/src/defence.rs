@@ -48,6 +48,12 @@ pub enum Ground {
     /// The accused led a step listing, under another member's name, bytes
     /// that member never signed and never announced.
     ForgedEntry,
+    /// The accused led a step of the sharded exchange listing a
+    /// contribution whose author announced it as computed on another state
+    /// than the step's (the rule every leader keeps,
+    /// `StepMachine::basis_of`), on the history whose state the manifest
+    /// itself names: a contribution no witness audits on that history.
+    ForeignBasis,
     /// The accused, an aggregator of the sharded exchange, signed `hash`
     /// (its signature `sig` over the [`crate::net::msg::SumHash`] these
     /// fields rebuild) as the sum of `shard` under `manifest`, and the
@@ -251,6 +257,26 @@ pub fn equivocation_evidence(
     h.update(&step.to_le_bytes());
     h.update(&[attempt]);
     h.update(&leader.to_le_bytes());
+    *h.finalize().as_bytes()
+}
+
+/// Evidence id of a listing on another state: `leader` listed `member`'s
+/// contribution at `step`, which `member` announced as computed on another
+/// state than the step's.
+pub fn foreign_basis_evidence(
+    job: &[u8; 32],
+    epoch: u32,
+    step: u32,
+    leader: u32,
+    member: u32,
+) -> [u8; 32] {
+    let mut h = blake3::Hasher::new();
+    h.update(b"cohort-foreign-basis-v1");
+    h.update(job);
+    h.update(&epoch.to_le_bytes());
+    h.update(&step.to_le_bytes());
+    h.update(&leader.to_le_bytes());
+    h.update(&member.to_le_bytes());
     *h.finalize().as_bytes()
 }
 
@@ -639,6 +665,10 @@ mod tests {
         let e = equivocation_evidence(&[1; 32], 0, 4, 0, 2);
         assert_ne!(e, equivocation_evidence(&[1; 32], 0, 4, 1, 2));
         assert_ne!(e, forged_entry_evidence(&[1; 32], 0, 4, 2, 0));
+        assert_ne!(
+            foreign_basis_evidence(&[1; 32], 0, 4, 2, 0),
+            forged_entry_evidence(&[1; 32], 0, 4, 2, 0)
+        );
         assert_ne!(
             forged_entry_evidence(&[1; 32], 0, 4, 2, 0),
             forged_entry_evidence(&[1; 32], 0, 4, 2, 1)

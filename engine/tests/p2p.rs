@@ -6,8 +6,9 @@ use cohort_engine::backend;
 use cohort_engine::net::msg::{self, Body, Drop, Heartbeat};
 use cohort_engine::net::peer::{local_job, local_member};
 use cohort_engine::net::shaper::Link;
-use cohort_engine::net::step::Timing;
+use cohort_engine::net::step::{StepMachine, Timing};
 use cohort_engine::net::swarm;
+use cohort_engine::runner::epoch_seed;
 use libp2p::futures::StreamExt;
 use libp2p::gossipsub;
 use libp2p::swarm::SwarmEvent;
@@ -758,12 +759,32 @@ fn a_lying_leader_gets_no_honest_member_accused_no_honest_node_failed_and_is_con
 /// recomputes it from the revealed momentum and follows the momentum chain
 /// from the step before (whose payload it fetches as slices too), which
 /// the forgery breaks: it is convicted. No audit is drawn by coin here: the
-/// screen alone finds it, and flags no honest member.
+/// screen alone finds it, and flags no honest member. A fourth attacker
+/// announces its work as computed on a made-up state (so no witness audits
+/// it, and no honest leader lists it) and, leading a step, lists itself
+/// anyway: the witnesses accuse it (`Ground::ForeignBasis`) and it is
+/// convicted.
 #[test]
 fn eight_processes_train_through_the_sharded_exchange_a_lying_aggregator_and_a_momentum_forger_are_convicted_and_a_withholder_left_out()
  {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let (n, steps, liar, withholder, forger) = (8, 6, 5, 3, 6);
+    // The foreign-basis attacker must lead a step: the first member free
+    // of another part that the job's rotation makes a step's leader.
+    let job = local_job("sharded");
+    let rotation = StepMachine::new(
+        job,
+        0,
+        epoch_seed(&job, 0),
+        n as u32,
+        0,
+        Timing::default(),
+        Some(0),
+    );
+    let foreign = [0usize, 1, 2, 4, 7]
+        .into_iter()
+        .find(|&c| (0..steps).any(|s| rotation.leader(s, 0) == c as u32))
+        .expect("some free member leads a step");
     let ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
     let witnesses = (0..n).map(|i| i.to_string()).collect::<Vec<_>>().join(",");
     let mut peers: Vec<Peer> = (0..n)
@@ -782,11 +803,14 @@ fn eight_processes_train_through_the_sharded_exchange_a_lying_aggregator_and_a_m
             if i == forger {
                 c.args(["--adversary", "forged-momentum"]);
             }
+            if i == foreign {
+                c.args(["--adversary", "foreign-basis"]);
+            }
             Peer::spawn(&mut c)
         })
         .collect();
     let honest: Vec<usize> = (0..n)
-        .filter(|&i| i != liar && i != withholder && i != forger)
+        .filter(|&i| i != liar && i != withholder && i != forger && i != foreign)
         .collect();
     // The withholder is behind from the step it stalled on, and finished
     // nodes stay while a live peer still trains: it leaves once every
@@ -799,9 +823,12 @@ fn eight_processes_train_through_the_sharded_exchange_a_lying_aggregator_and_a_m
     }
     let _ = peers[withholder].child.kill();
     let mut done = vec![String::new(); n];
-    for &i in honest.iter().chain([&liar, &forger]) {
+    for &i in honest.iter().chain([&liar, &forger, &foreign]) {
         done[i] = peers[i].finish(Duration::from_secs(240));
     }
+    let mut convicted = vec![liar, forger, foreign];
+    convicted.sort();
+    let slashed = format!(r#""slashed":{convicted:?}"#);
     let finals: Vec<&str> = honest
         .iter()
         .map(|&i| field(&done[i], "hash").unwrap())
@@ -814,7 +841,7 @@ fn eight_processes_train_through_the_sharded_exchange_a_lying_aggregator_and_a_m
             Some(&*steps.to_string()),
             "member {i}: {d}"
         );
-        assert!(d.contains(r#""slashed":[5, 6]"#), "member {i}: {d}");
+        assert!(d.contains(&slashed), "member {i}: {d}");
     }
     let caught: u64 = honest
         .iter()
@@ -840,16 +867,18 @@ fn eight_processes_train_through_the_sharded_exchange_a_lying_aggregator_and_a_m
     for &i in &honest {
         for l in peers[i].lines() {
             if l.contains(r#""event":"accused""#) {
-                let ground = match field(&l, "member") {
-                    Some("5") => "false_sum",
-                    Some("6") => "sampled",
+                let member: usize = field(&l, "member").unwrap().parse().unwrap();
+                let ground = match member {
+                    m if m == liar => "false_sum",
+                    m if m == forger => "sampled",
+                    m if m == foreign => "foreign_basis",
                     _ => panic!("an honest member was accused: {l}"),
                 };
                 assert_eq!(field(&l, "ground"), Some(ground), "{l}");
             }
             if l.contains(r#""event":"audited""#) {
                 audits += 1;
-                if field(&l, "member") != Some("6") {
+                if field(&l, "member") != Some(&*forger.to_string()) {
                     assert_eq!(field(&l, "passed"), Some("true"), "{l}");
                 } else if field(&l, "passed") == Some("false") {
                     let chain: f32 = field(&l, "chain_error").unwrap().parse().unwrap();

@@ -332,6 +332,14 @@ pub(super) fn describe(ev: &NodeEvent) -> Option<String> {
         } => format!(
             "member {member} led step {step} with bytes another member never signed: accused"
         ),
+        NodeEvent::Accused {
+            member,
+            step,
+            ground: Ground::ForeignBasis,
+            ..
+        } => format!(
+            "member {member} led step {step} listing work computed on another state: accused"
+        ),
         NodeEvent::Slashed {
             member, witnesses, ..
         } => format!("member {member} convicted by witnesses {witnesses:?}: dropped from the job"),

@@ -40,7 +40,10 @@ use libp2p::identity::ed25519;
 /// `Ground::Sampled` (a sharded witness's screen by one slice); a seat's
 /// sum leaves out the votes of slices its shard's screen flags
 /// (`shard::votes`), so a version-5 seat's sums differ from it.
-pub const VERSION: u8 = 6;
+/// 7 (2026-12-06): the ground `Ground::ForeignBasis` (a leader listed a
+/// contribution announced on another state), and a member's first
+/// contradicting announcement is forwarded as proof of equivocation.
+pub const VERSION: u8 = 7;
 const MAGIC: &[u8; 3] = b"CHN";
 const DOMAIN: &[u8] = b"cohort-net-v1";
 /// Largest gossip message a node accepts: a manifest lists 36 bytes per
@@ -356,6 +359,7 @@ fn body_bytes(body: &Body, out: &mut Vec<u8>) {
                 }
                 Ground::Equivocation => out.push(2),
                 Ground::ForgedEntry => out.push(3),
+                Ground::ForeignBasis => out.push(6),
                 Ground::Sampled { shard } => {
                     out.push(5);
                     out.extend_from_slice(&shard.to_le_bytes());
@@ -521,6 +525,7 @@ fn parse_body(r: &mut Reader) -> Result<Body, cohort_program::codec::CodecError>
                     sig: r.array()?,
                 },
                 5 => Ground::Sampled { shard: r.u32()? },
+                6 => Ground::ForeignBasis,
                 _ => return Err(cohort_program::codec::CodecError),
             },
         }),
@@ -1004,6 +1009,17 @@ mod tests {
                     by: 1,
                     coin: [5; 64],
                 },
+            }),
+            Body::Accuse(Accuse {
+                job: [7; 32],
+                epoch: 1,
+                step: 9,
+                accused: 3,
+                witness: 0,
+                evidence: [6; 32],
+                overlap: 0,
+                agreement: 0,
+                ground: Ground::ForeignBasis,
             }),
             Body::SumHash(SumHash {
                 job: [7; 32],

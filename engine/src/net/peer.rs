@@ -45,7 +45,8 @@ pub const USAGE: &str = "usage: cohort-peer --index I --members N [options]
   --chain-rate R      share of those that check the momentum chain too [0]
   --adversary MODE    attack (tests only): sign-flip, noise, scale, alie, ipm,
                       free-rider, copycat, stale, forged-momentum, silent-reveal,
-                      lying-leader, stalling, lying-aggregator
+                      lying-leader, stalling, lying-aggregator, withholding,
+                      foreign-basis
   --shards S          run the sharded exchange with S shards (0: all-to-all)
                       [by member count: net::exchange::plan_for]
   --redundancy R      aggregators per shard (sharded exchange)  [2]
@@ -422,6 +423,7 @@ fn event_json(e: &NodeEvent) -> Option<String> {
                 Ground::Drawn { .. } => "drawn",
                 Ground::Equivocation => "equivocation",
                 Ground::ForgedEntry => "forged_entry",
+                Ground::ForeignBasis => "foreign_basis",
                 Ground::FalseSum { .. } => "false_sum",
             };
             format!(r#"{{"event":"accused","member":{member},"step":{step},"ground":"{ground}"}}"#)

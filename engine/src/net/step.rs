@@ -105,8 +105,16 @@ pub enum Verdict {
     /// For a step already applied.
     Stale,
     WrongLeader,
-    /// A second, different manifest from one leader for one attempt.
+    /// A second, different manifest from one leader for one attempt; or a
+    /// member's second, different announcement for one step (forwarded
+    /// once, as proof, so that every node learns the member announced
+    /// twice: a member that showed each half of the job another
+    /// announcement could otherwise have witnesses that heard one judge a
+    /// leader that listed the other a forger).
     Equivocation,
+    /// A further announcement from a member already seen announcing twice
+    /// for the step: ignored (the proof went out with the first).
+    Equivocated,
     /// Valid but a better-ranked manifest already holds the step.
     Superseded,
     /// Better than the manifest this node applied for this step: the node
@@ -458,8 +466,11 @@ impl StepMachine {
                 return Verdict::Duplicate;
             }
             Some(_) => {
-                st.equivocated.insert(a.member);
-                return Verdict::Equivocation;
+                return if st.equivocated.insert(a.member) {
+                    Verdict::Equivocation
+                } else {
+                    Verdict::Equivocated
+                };
             }
             None => {}
         }
@@ -489,11 +500,11 @@ impl StepMachine {
     }
 
     /// The state step `step`'s contributions are computed on (pipelining:
-    /// the state before step `step - 1`'s update), once this node reached
-    /// it. None for a run's first step, whose contributions are computed
-    /// on its starting state like the next step's.
+    /// the state before step `step - 1`'s update; a run's first step's are
+    /// computed on its starting state, like the next step's), once this
+    /// node reached it.
     pub fn basis_of(&self, step: u32) -> Option<[u8; 32]> {
-        self.state_hashes.get(&step.checked_sub(1)?).copied()
+        self.state_hashes.get(&step.saturating_sub(1)).copied()
     }
 
     /// Whether listing `listed` under `member` at `step` is the leader's
@@ -1209,15 +1220,18 @@ impl StepMachine {
             // on an abandoned history (its author rewound since) would fail
             // an honest author's audit, and one claiming another state
             // would escape its own (the sharded exchange's witnesses judge
-            // by the announced basis; see `node::audits`).
-            let basis = self.basis_of(step);
+            // by the announced basis, and accuse a leader that lists
+            // another: `train::foreign_bases`). A node that does not know
+            // that state (it synced at this step) leads nothing: it could
+            // not keep to the rule.
+            let Some(basis) = self.basis_of(step) else {
+                continue;
+            };
             let held: Vec<(u32, [u8; 32])> = st
                 .announced
                 .iter()
                 .filter(|(m, h)| self.held.contains_key(*h) && !self.slashed.contains(*m))
-                .filter(|(m, _)| {
-                    basis.is_none_or(|b| st.committed.get(m).map(|c| c.basis) == Some(b))
-                })
+                .filter(|(m, _)| st.committed.get(m).map(|c| c.basis) == Some(basis))
                 // An author that announced twice may have sent either
                 // anywhere: listed, it would be audited by some witnesses
                 // and not others (`committed` names neither).
@@ -1463,7 +1477,11 @@ mod tests {
             }
         }
         assert_eq!(ms[0].basis_of(1), Some([0; 32]));
-        assert_eq!(ms[0].basis_of(0), None, "a run's first step has none");
+        assert_eq!(
+            ms[0].basis_of(0),
+            Some([0; 32]),
+            "a run's first step's: its starting state, as the next step's"
+        );
         let c = ms[0].committed(1, 2, &other.payload_hash).unwrap();
         assert_eq!((c.basis, c.momentum), ([9; 32], [0; 32]));
         assert_eq!(ms[0].committed(1, 2, &[0; 32]), None, "another payload");
@@ -1868,6 +1886,67 @@ mod tests {
         twice.payload_hash = [0xcd; 32];
         assert_eq!(m.on_announce(MS, &twice), Verdict::Equivocation);
         assert!(!m.leader_forged(2, 1, &[0xab; 32]));
+    }
+
+    #[test]
+    fn a_member_that_shows_each_half_of_the_job_another_announcement_cannot_frame_the_leader() {
+        // Member 1 announces root `a` to the step's leader alone and root
+        // `b` to everyone else; the leader, holding `a` only, lists it.
+        let mut ms = machines(3);
+        let a = announce(2, 1);
+        let mut b = a.clone();
+        b.payload_hash = [0xcd; 32];
+        let witness = &mut ms[2];
+        assert_eq!(witness.on_announce(MS, &b), Verdict::Accepted);
+        // The exploit: a witness holding `b` alone judges the leader's
+        // listing of `a` a forgery (and every such witness accuses it).
+        assert!(witness.leader_forged(2, 1, &a.payload_hash));
+        // The leader forwarded `a`; a node that holds `b` now forwards it
+        // on as proof (the first announcement that contradicts the one it
+        // held: `Equivocation` is accepted by the gossip layer), so it
+        // reaches every node, and none judges the listing a forgery.
+        assert_eq!(witness.on_announce(MS, &a), Verdict::Equivocation);
+        assert!(!witness.leader_forged(2, 1, &a.payload_hash));
+        // Further ones are ignored: a member cannot make every node
+        // forward its every variant.
+        let mut c = a.clone();
+        c.payload_hash = [0xef; 32];
+        assert_eq!(witness.on_announce(MS, &c), Verdict::Equivocated);
+        assert_eq!(witness.on_announce(MS, &a), Verdict::Equivocated);
+        assert_eq!(witness.on_announce(MS, &b), Verdict::Duplicate);
+        assert_eq!(witness.committed(2, 1, &a.payload_hash), None);
+    }
+
+    #[test]
+    fn a_node_that_does_not_know_the_state_a_step_is_computed_on_leads_nothing() {
+        let now = Duration::from_secs(1);
+        let late = now + Timing::default().collect * 4;
+        let published = |knows_basis: bool| {
+            let mut ms = machines(3);
+            let leader = ms[0].leader(1, 0);
+            let m = &mut ms[leader as usize];
+            if knows_basis {
+                m.on_applied(0, [0; 32]);
+            }
+            // It synced at step 1 (the state before step 0 is not kept).
+            m.resync(1, [5; 32]);
+            m.on_applied(1, [1; 32]);
+            for member in 0..3 {
+                let a = announce(1, member);
+                if member == leader {
+                    m.on_local(now, &a);
+                } else {
+                    m.on_announce(now, &a);
+                    m.on_payload(now, a.payload_hash);
+                }
+            }
+            m.poll(late)
+                .into_iter()
+                .filter(|a| matches!(a, Action::Publish(_)))
+                .count()
+        };
+        assert_eq!(published(true), 1);
+        assert_eq!(published(false), 0);
     }
 
     fn applied(acts: &[Action]) -> Vec<(Manifest, bool)> {

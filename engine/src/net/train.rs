@@ -136,6 +136,14 @@ pub(crate) enum FromTrainer {
         hash: [u8; 32],
         member: u32,
     },
+    /// A manifest of the sharded exchange, naming this node's own state,
+    /// listed contributions their authors announced as computed on another
+    /// state ([`foreign_bases`]): the leader's doing.
+    ForeignBasis {
+        step: u32,
+        leader: u32,
+        members: Vec<u32>,
+    },
     /// The state-hash check of an applied manifest of the same history.
     StateCheck {
         step: u32,
@@ -273,6 +281,24 @@ impl Basis {
     fn after(current: &[u8; 32]) -> Self {
         Basis { previous: *current }
     }
+}
+
+/// The listed members whose one announcement this node holds names another
+/// state than `expected`, the one the step's contributions are computed on
+/// here. No witness of the sharded exchange audits such a contribution (it
+/// would recompute it on a state its author never used), so its votes
+/// would count unchecked; an honest leader lists none
+/// (`StepMachine::lead`), and an author cannot make it list one against
+/// its will: an announcement names its state under the author's signature,
+/// and a second, contradicting one reaches every node as proof
+/// (`Verdict::Equivocation`), after which no node holds "its one
+/// announcement".
+pub(crate) fn foreign_bases(announced: &[(Announced, [u8; 32])], expected: &[u8; 32]) -> Vec<u32> {
+    announced
+        .iter()
+        .filter(|(_, b)| b != expected)
+        .map(|(a, _)| a.member)
+        .collect()
 }
 
 /// A member's work for one step: its contribution, its stats, and the
@@ -581,7 +607,11 @@ pub(crate) fn train_loop(
                     member: cfg.me,
                     payload_hash: *blake3::hash(&bytes).as_bytes(),
                     momentum_hash: c.momentum_hash,
-                    basis: c.basis,
+                    basis: if cfg.defence.adversary == Some(Mode::ForeignBasis) {
+                        adversary::FOREIGN_BASIS
+                    } else {
+                        c.basis
+                    },
                     len: bytes.len() as u32,
                     produced_us: now_us(),
                 };
@@ -733,6 +763,19 @@ pub(crate) fn train_loop(
                         .map_err(|e| e.to_string())?;
                     let listed: Vec<u32> = manifest.entries.iter().map(|e| e.0).collect();
                     let expected = basis.expected(&current_hash);
+                    // The manifest names this node's state, so its leader's
+                    // step state is this node's too: a listing on another
+                    // is the leader's breach of the rule, not a fork.
+                    if manifest.state_hash == current_hash {
+                        let members = foreign_bases(&announced, &expected);
+                        if !members.is_empty() {
+                            send(FromTrainer::ForeignBasis {
+                                step: manifest.step,
+                                leader: manifest.leader,
+                                members,
+                            })?;
+                        }
+                    }
                     let auditable: Vec<Announced> = announced
                         .into_iter()
                         .filter(|(_, b)| *b == expected)
@@ -862,6 +905,29 @@ impl PauseMemory {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_listed_contribution_announced_on_another_state_is_named_and_one_on_this_state_is_not() {
+        let held = |member: u32, basis: [u8; 32]| {
+            (
+                Announced {
+                    member,
+                    momentum: [member as u8; 32],
+                    root: [9; 32],
+                },
+                basis,
+            )
+        };
+        let here = [1; 32];
+        let announced = [
+            held(0, here),
+            held(2, [7; 32]),
+            held(3, here),
+            held(5, [0; 32]),
+        ];
+        assert_eq!(foreign_bases(&announced, &here), vec![2, 5]);
+        assert!(foreign_bases(&announced[..1], &here).is_empty());
+    }
 
     #[test]
     fn a_shared_state_carries_the_basis_of_the_next_contributions_and_round_trips() {

@@ -119,12 +119,15 @@ impl Net {
                     self.stats.drop(Drop::Replayed);
                     return acceptance(Drop::Replayed);
                 }
-                // Not forwarded, not held against the forwarder (which may
-                // have seen the other one first).
+                // The first announcement that contradicts the one held is
+                // forwarded as proof, so that every node learns the member
+                // announced twice (`StepMachine::on_announce`); further
+                // ones are not. Neither is held against the forwarder
+                // (which may have seen the other one first).
                 Verdict::Equivocation => {
                     self.stats.equivocations += 1;
-                    return MessageAcceptance::Ignore;
                 }
+                Verdict::Equivocated => return MessageAcceptance::Ignore,
                 Verdict::TooFar => {
                     self.stats.drop(Drop::OutOfWindow);
                     return MessageAcceptance::Ignore;
@@ -268,6 +271,8 @@ impl Net {
                 self.stats.drop(Drop::OutOfWindow);
                 MessageAcceptance::Ignore
             }
+            // Announcements only.
+            Verdict::Equivocated => MessageAcceptance::Ignore,
         }
     }
 }

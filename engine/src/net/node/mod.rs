@@ -341,6 +341,13 @@ impl Net {
                     // The lying leader also equivocates: a second signed
                     // manifest for the same attempt, without its own entry.
                     let mut twin = None;
+                    if self.cfg.defence.adversary == Some(Mode::ForeignBasis)
+                        && let Some(root) = self.own_root(m.step)
+                        && !m.entries.iter().any(|(who, _)| *who == self.cfg.me)
+                    {
+                        m.entries.push((self.cfg.me, root));
+                        m.entries.sort_by_key(|(who, _)| *who);
+                    }
                     if self.cfg.defence.adversary == Some(Mode::LyingLeader) {
                         self.lie(&mut m);
                         let mut t = m.clone();
@@ -879,6 +886,29 @@ impl Net {
                         member,
                     );
                     self.accuse_leader(leader, step, evidence, Ground::ForgedEntry);
+                }
+            }
+            FromTrainer::ForeignBasis {
+                step,
+                leader,
+                members,
+            } => {
+                for member in members {
+                    tracing::warn!(
+                        me = self.cfg.me,
+                        step,
+                        leader,
+                        member,
+                        "a leader listed a contribution announced on another state"
+                    );
+                    let evidence = defence::foreign_basis_evidence(
+                        &self.cfg.job,
+                        self.cfg.epoch,
+                        step,
+                        leader,
+                        member,
+                    );
+                    self.accuse_leader(leader, step, evidence, Ground::ForeignBasis);
                 }
             }
             FromTrainer::StateCheck {
