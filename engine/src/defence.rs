@@ -48,11 +48,11 @@ pub enum Ground {
     /// The accused led a step listing, under another member's name, bytes
     /// that member never signed and never announced.
     ForgedEntry,
-    /// The accused led a step of the sharded exchange listing a
-    /// contribution whose author announced it as computed on another state
-    /// than the step's (the rule every leader keeps,
-    /// `StepMachine::basis_of`), on the history whose state the manifest
-    /// itself names: a contribution no witness audits on that history.
+    /// The accused led a step of the sharded exchange listing its own
+    /// contribution, which it announced as computed on another state than
+    /// the step's (the rule every leader keeps, `StepMachine::basis_of`),
+    /// on the history whose state the manifest itself names: a
+    /// contribution no witness audits on that history.
     ForeignBasis,
     /// The accused, an aggregator of the sharded exchange, signed `hash`
     /// (its signature `sig` over the [`crate::net::msg::SumHash`] these
@@ -260,23 +260,16 @@ pub fn equivocation_evidence(
     *h.finalize().as_bytes()
 }
 
-/// Evidence id of a listing on another state: `leader` listed `member`'s
-/// contribution at `step`, which `member` announced as computed on another
-/// state than the step's.
-pub fn foreign_basis_evidence(
-    job: &[u8; 32],
-    epoch: u32,
-    step: u32,
-    leader: u32,
-    member: u32,
-) -> [u8; 32] {
+/// Evidence id of a listing on another state: `leader` listed its own
+/// contribution at `step`, which it announced as computed on another state
+/// than the step's.
+pub fn foreign_basis_evidence(job: &[u8; 32], epoch: u32, step: u32, leader: u32) -> [u8; 32] {
     let mut h = blake3::Hasher::new();
     h.update(b"cohort-foreign-basis-v1");
     h.update(job);
     h.update(&epoch.to_le_bytes());
     h.update(&step.to_le_bytes());
     h.update(&leader.to_le_bytes());
-    h.update(&member.to_le_bytes());
     *h.finalize().as_bytes()
 }
 
@@ -666,7 +659,7 @@ mod tests {
         assert_ne!(e, equivocation_evidence(&[1; 32], 0, 4, 1, 2));
         assert_ne!(e, forged_entry_evidence(&[1; 32], 0, 4, 2, 0));
         assert_ne!(
-            foreign_basis_evidence(&[1; 32], 0, 4, 2, 0),
+            foreign_basis_evidence(&[1; 32], 0, 4, 2),
             forged_entry_evidence(&[1; 32], 0, 4, 2, 0)
         );
         assert_ne!(

@@ -338,7 +338,7 @@ pub(super) fn describe(ev: &NodeEvent) -> Option<String> {
             ground: Ground::ForeignBasis,
             ..
         } => format!(
-            "member {member} led step {step} listing work computed on another state: accused"
+            "member {member} led step {step} listing its own work computed on another state: accused"
         ),
         NodeEvent::Slashed {
             member, witnesses, ..

@@ -40,8 +40,8 @@ use libp2p::identity::ed25519;
 /// `Ground::Sampled` (a sharded witness's screen by one slice); a seat's
 /// sum leaves out the votes of slices its shard's screen flags
 /// (`shard::votes`), so a version-5 seat's sums differ from it.
-/// 7 (2026-12-06): the ground `Ground::ForeignBasis` (a leader listed a
-/// contribution announced on another state), and a member's first
+/// 7 (2026-12-06): the ground `Ground::ForeignBasis` (a leader listed its
+/// own contribution, announced on another state), and a member's first
 /// contradicting announcement is forwarded as proof of equivocation.
 pub const VERSION: u8 = 7;
 const MAGIC: &[u8; 3] = b"CHN";

@@ -379,7 +379,7 @@ pub fn simulate(cfg: &SimConfig, free_network: bool) -> SimResult {
     let mut queue = Events::new();
     let mut contributors = (0u64, 0u64);
     for i in 0..n {
-        nodes[i as usize].machine.on_applied(0, [0; 32]);
+        nodes[i as usize].machine.on_applied(0, [0; 32], [0; 32]);
         queue.at(0.0, Ev::Tick { node: i });
     }
     let link = |nodes: &[Node], a: u32, b: u32| -> f64 {
@@ -502,7 +502,11 @@ pub fn simulate(cfg: &SimConfig, free_network: bool) -> SimResult {
                 if step == me.applied && rewinds == me.rewinds {
                     me.applied += 1;
                     let applied = me.applied;
-                    me.machine.on_applied(applied, [applied as u8; 32]);
+                    me.machine.on_applied(
+                        applied,
+                        [applied as u8; 32],
+                        [applied.saturating_sub(1) as u8; 32],
+                    );
                 }
             }
         }

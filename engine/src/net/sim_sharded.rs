@@ -422,7 +422,7 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
     let mut contributors = (0u64, 0u64);
     let mut convictions = 0u64;
     for i in 0..n {
-        nodes[i as usize].steps.on_applied(0, [0; 32]);
+        nodes[i as usize].steps.on_applied(0, [0; 32], [0; 32]);
         queue.at(0.0, Ev::Tick { node: i });
     }
     let link =
@@ -689,7 +689,11 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
                     me.applied += 1;
                     me.mark(step, 4, now);
                     let applied = me.applied;
-                    me.steps.on_applied(applied, [applied as u8; 32]);
+                    me.steps.on_applied(
+                        applied,
+                        [applied as u8; 32],
+                        [applied.saturating_sub(1) as u8; 32],
+                    );
                     me.ex.forget_before(applied.saturating_sub(4));
                 }
             }

@@ -163,9 +163,11 @@ impl Equivocation {
 struct StepState {
     opened: Option<Duration>,
     announced: BTreeMap<u32, [u8; 32]>,
-    /// What each member's (first) announcement committed to beside its
-    /// payload: its momentum's hash and the state it computed on.
-    committed: BTreeMap<u32, Committed>,
+    /// What each member's announcement of a payload committed to beside
+    /// it (its momentum's hash and the state it computed on), for its
+    /// first announcement and the first one contradicting it (the proof
+    /// of equivocation); None when one payload came under two commitments.
+    committed: BTreeMap<(u32, [u8; 32]), Option<Committed>>,
     /// Members that announced two contributions for this step.
     equivocated: BTreeSet<u32>,
     manifest: Option<Manifest>,
@@ -232,8 +234,10 @@ pub struct StepMachine {
     withheld: BTreeSet<[u8; 32]>,
     /// None while a joiner has not caught up yet.
     next_apply: Option<u32>,
-    /// This node's state hash at step s (before applying step s).
-    state_hashes: BTreeMap<u32, [u8; 32]>,
+    /// This node's state hash at step s (before applying step s), and the
+    /// state step s's contributions were computed on, as its trainer
+    /// reported both ([`Self::on_applied`]).
+    state_hashes: BTreeMap<u32, ([u8; 32], [u8; 32])>,
     /// Rejoiners: member → first step it will contribute to.
     ready: BTreeMap<u32, u32>,
     manifest_asked: BTreeMap<u32, (Duration, u32)>,
@@ -461,21 +465,31 @@ impl StepMachine {
         };
         // The same payload under another momentum or state is another
         // announcement too: it would split the witnesses over what to audit.
-        match st.announced.get(&a.member) {
-            Some(h) if *h == a.payload_hash && st.committed.get(&a.member) == Some(&committed) => {
+        let key = (a.member, a.payload_hash);
+        match (st.announced.get(&a.member), st.committed.get(&key)) {
+            (Some(h), Some(Some(c))) if *h == a.payload_hash && *c == committed => {
                 return Verdict::Duplicate;
             }
-            Some(_) => {
-                return if st.equivocated.insert(a.member) {
-                    Verdict::Equivocation
-                } else {
-                    Verdict::Equivocated
-                };
+            // Listed by a manifest before its announcement came: this is
+            // the announcement, not a second one.
+            (Some(h), None) if *h == a.payload_hash => {}
+            (Some(_), _) => {
+                if !st.equivocated.insert(a.member) {
+                    return Verdict::Equivocated;
+                }
+                // Kept (once) beside the first: a manifest listing this
+                // payload is still audited on what it committed to, unless
+                // the same payload came under two commitments.
+                let c = st.committed.entry(key).or_insert(Some(committed));
+                if *c != Some(committed) {
+                    *c = None;
+                }
+                return Verdict::Equivocation;
             }
-            None => {}
+            (None, _) => {}
         }
         st.announced.insert(a.member, a.payload_hash);
-        st.committed.insert(a.member, committed);
+        st.committed.insert(key, Some(committed));
         st.last_produced_us = st.last_produced_us.max(a.produced_us);
         self.on_alive(now, a.member);
         if self
@@ -490,21 +504,25 @@ impl StepMachine {
     }
 
     /// What `member` committed to beside `payload` in its announcement of
-    /// `step`, if this node holds that announcement and no other.
+    /// `step`, if this node holds an announcement of `payload` and only one
+    /// commitment for it (a member that announced another payload too is
+    /// still audited on the one a manifest lists).
     pub fn committed(&self, step: u32, member: u32, payload: &[u8; 32]) -> Option<Committed> {
-        let st = self.steps.get(&step)?;
-        if st.equivocated.contains(&member) || st.announced.get(&member) != Some(payload) {
-            return None;
-        }
-        st.committed.get(&member).copied()
+        self.steps
+            .get(&step)?
+            .committed
+            .get(&(member, *payload))
+            .copied()
+            .flatten()
     }
 
     /// The state step `step`'s contributions are computed on (pipelining:
-    /// the state before step `step - 1`'s update; a run's first step's are
-    /// computed on its starting state, like the next step's), once this
-    /// node reached it.
+    /// the state before step `step - 1`'s update; an epoch's first step's
+    /// are computed on its starting state, like the next step's), once this
+    /// node reached the state before `step`: its trainer's word, so a node
+    /// that synced at `step` knows it as well as one that applied `step - 1`.
     pub fn basis_of(&self, step: u32) -> Option<[u8; 32]> {
-        self.state_hashes.get(&step.saturating_sub(1)).copied()
+        self.state_hashes.get(&step).map(|s| s.1)
     }
 
     /// Whether listing `listed` under `member` at `step` is the leader's
@@ -830,9 +848,12 @@ impl StepMachine {
         }
     }
 
-    /// This node's trainer reached `step` (before applying it) with `hash`.
-    pub fn on_applied(&mut self, step: u32, hash: [u8; 32]) {
-        self.state_hashes.insert(step, hash);
+    /// This node's trainer reached `step` (before applying it) with `hash`;
+    /// the contributions it applies at `step` must have been computed on
+    /// `basis` (the trainer's `Basis::expected`: the state before step
+    /// `step - 1`, or the starting state at the epoch's first step).
+    pub fn on_applied(&mut self, step: u32, hash: [u8; 32], basis: [u8; 32]) {
+        self.state_hashes.insert(step, (hash, basis));
     }
 
     /// The last timestamp any contribution of `step` was produced at.
@@ -1179,7 +1200,7 @@ impl StepMachine {
             .filter_map(|(&t, s)| s.opened.map(|o| (t, o)))
             .collect();
         for (step, opened) in open {
-            let Some(&state_hash) = self.state_hashes.get(&step) else {
+            let Some(&(state_hash, _)) = self.state_hashes.get(&step) else {
                 continue;
             };
             let Some(attempt) = self.my_attempt(step) else {
@@ -1221,9 +1242,7 @@ impl StepMachine {
             // an honest author's audit, and one claiming another state
             // would escape its own (the sharded exchange's witnesses judge
             // by the announced basis, and accuse a leader that lists
-            // another: `train::foreign_bases`). A node that does not know
-            // that state (it synced at this step) leads nothing: it could
-            // not keep to the rule.
+            // another: `train::foreign_bases`). Known with the state hash.
             let Some(basis) = self.basis_of(step) else {
                 continue;
             };
@@ -1231,7 +1250,14 @@ impl StepMachine {
                 .announced
                 .iter()
                 .filter(|(m, h)| self.held.contains_key(*h) && !self.slashed.contains(*m))
-                .filter(|(m, _)| st.committed.get(m).map(|c| c.basis) == Some(basis))
+                .filter(|(m, h)| {
+                    st.committed
+                        .get(&(**m, **h))
+                        .copied()
+                        .flatten()
+                        .map(|c| c.basis)
+                        == Some(basis)
+                })
                 // An author that announced twice may have sent either
                 // anywhere: listed, it would be audited by some witnesses
                 // and not others (`committed` names neither).
@@ -1403,7 +1429,7 @@ mod tests {
     fn run_step(ms: &mut [StepMachine], step: u32, alive: &[u32], now: Duration) -> Vec<Action> {
         let mut out = Vec::new();
         for m in ms.iter_mut() {
-            m.on_applied(step, [step as u8; 32]);
+            m.on_applied(step, [step as u8; 32], [step.saturating_sub(1) as u8; 32]);
         }
         for &i in alive {
             let a = announce(step, i);
@@ -1462,7 +1488,7 @@ mod tests {
         // state: an abandoned history's, or a lie to escape its audit.
         let now = Duration::from_secs(1);
         for m in ms.iter_mut() {
-            m.on_applied(1, [1; 32]);
+            m.on_applied(1, [1; 32], [0; 32]);
         }
         let mut other = announce(1, 2);
         other.basis = [9; 32];
@@ -1655,7 +1681,7 @@ mod tests {
         let backup = ms[0].leader(1, 1) as usize;
         // Step 1 opens with one member missing, so nobody publishes early.
         let open = Duration::from_secs(10);
-        ms[backup].on_applied(1, [1; 32]);
+        ms[backup].on_applied(1, [1; 32], [0; 32]);
         ms[backup].on_announce(open, &announce(1, (backup as u32 + 2) % 4));
         // Past the back-up's slot, the leader is still heard from.
         let mut now = open + t.collect + t.fallback + MS;
@@ -1907,6 +1933,11 @@ mod tests {
         // reaches every node, and none judges the listing a forgery.
         assert_eq!(witness.on_announce(MS, &a), Verdict::Equivocation);
         assert!(!witness.leader_forged(2, 1, &a.payload_hash));
+        // The listed payload is still audited on what it committed to.
+        assert_eq!(
+            witness.committed(2, 1, &a.payload_hash).map(|c| c.basis),
+            Some(a.basis)
+        );
         // Further ones are ignored: a member cannot make every node
         // forward its every variant.
         let mut c = a.clone();
@@ -1914,39 +1945,50 @@ mod tests {
         assert_eq!(witness.on_announce(MS, &c), Verdict::Equivocated);
         assert_eq!(witness.on_announce(MS, &a), Verdict::Equivocated);
         assert_eq!(witness.on_announce(MS, &b), Verdict::Duplicate);
-        assert_eq!(witness.committed(2, 1, &a.payload_hash), None);
+        assert_eq!(witness.committed(2, 1, &c.payload_hash), None, "not kept");
     }
 
     #[test]
-    fn a_node_that_does_not_know_the_state_a_step_is_computed_on_leads_nothing() {
+    fn at_an_epoch_s_first_step_a_leader_lists_work_computed_on_the_epoch_s_starting_state() {
+        // Epoch 1 starts at step 10: its first two steps' contributions
+        // are computed on the state the epoch starts from (the trainer's
+        // word; the machine holds no state from before the epoch).
         let now = Duration::from_secs(1);
         let late = now + Timing::default().collect * 4;
-        let published = |knows_basis: bool| {
-            let mut ms = machines(3);
-            let leader = ms[0].leader(1, 0);
-            let m = &mut ms[leader as usize];
-            if knows_basis {
-                m.on_applied(0, [0; 32]);
-            }
-            // It synced at step 1 (the state before step 0 is not kept).
-            m.resync(1, [5; 32]);
-            m.on_applied(1, [1; 32]);
-            for member in 0..3 {
-                let a = announce(1, member);
-                if member == leader {
-                    m.on_local(now, &a);
-                } else {
-                    m.on_announce(now, &a);
-                    m.on_payload(now, a.payload_hash);
-                }
-            }
-            m.poll(late)
-                .into_iter()
-                .filter(|a| matches!(a, Action::Publish(_)))
-                .count()
+        let mut ms = machines(3);
+        let leader = ms[0].leader(10, 0);
+        let m = &mut ms[leader as usize];
+        m.resync(10, [0; 32]);
+        m.on_applied(10, [10; 32], [10; 32]);
+        assert_eq!(m.basis_of(10), Some([10; 32]));
+        assert_eq!(m.basis_of(11), None, "not reached yet");
+        let on = |member: u32, basis: u8| Announce {
+            basis: [basis; 32],
+            ..announce(10, member)
         };
-        assert_eq!(published(true), 1);
-        assert_eq!(published(false), 0);
+        for a in [on(0, 10), on(1, 10), on(2, 9)] {
+            if a.member == leader {
+                m.on_local(now, &a);
+            } else {
+                m.on_announce(now, &a);
+                m.on_payload(now, a.payload_hash);
+            }
+        }
+        let published: Vec<Manifest> = m
+            .poll(late)
+            .into_iter()
+            .filter_map(|a| match a {
+                Action::Publish(m) => Some(m),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(published.len(), 1, "{published:?}");
+        let listed: Vec<u32> = published[0].entries.iter().map(|e| e.0).collect();
+        assert_eq!(
+            listed,
+            vec![0, 1],
+            "2 computed on the state before the epoch's"
+        );
     }
 
     fn applied(acts: &[Action]) -> Vec<(Manifest, bool)> {
@@ -1977,7 +2019,7 @@ mod tests {
             for i in 0..3u32 {
                 let a = announce(step, i);
                 for (j, m) in ms.iter_mut().enumerate() {
-                    m.on_applied(step, [step as u8; 32]);
+                    m.on_applied(step, [step as u8; 32], [step.saturating_sub(1) as u8; 32]);
                     if j as u32 == i {
                         m.on_local(now, &a);
                     } else {
@@ -2082,7 +2124,7 @@ mod tests {
     #[test]
     fn announcements_and_manifests_beyond_the_window_create_no_state_or_fetches() {
         let mut m = machines(4).remove(0).with_end(100);
-        m.on_applied(0, [0; 32]);
+        m.on_applied(0, [0; 32], [0; 32]);
         let near = announce(STEP_WINDOW - 1, 2);
         assert_eq!(m.on_announce(MS, &near), Verdict::Accepted);
         for step in [STEP_WINDOW, 50, 99, 100, 1_000_000] {
@@ -2147,7 +2189,7 @@ mod tests {
     #[test]
     fn a_manifest_listing_a_payload_nobody_can_serve_is_replaced_by_a_fall_back() {
         let mut m = machines(3).remove(0);
-        m.on_applied(0, [0; 32]);
+        m.on_applied(0, [0; 32], [0; 32]);
         let (l0, l1) = (m.leader(0, 0), m.leader(0, 1));
         let stuck = lone(0, l0, 0xEE);
         assert_eq!(m.on_manifest(MS, stuck.clone()), Verdict::Accepted);
@@ -2261,7 +2303,7 @@ mod tests {
     #[test]
     fn a_manifest_given_up_as_unservable_takes_its_step_back_once_its_payload_arrives() {
         let mut m = machines(3).remove(0);
-        m.on_applied(0, [0; 32]);
+        m.on_applied(0, [0; 32], [0; 32]);
         let (l0, l1) = (m.leader(0, 0), m.leader(0, 1));
         // Every member timed out serving the leader's payload (a loaded
         // link, not a missing payload), so the fall-back's was applied.

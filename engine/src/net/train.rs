@@ -124,6 +124,9 @@ pub(crate) enum FromTrainer {
     Applied {
         step: u32,
         state_hash: [u8; 32],
+        /// The state the contributions applied at `step` must have been
+        /// computed on (`Basis::expected`).
+        basis: [u8; 32],
         snapshot: Arc<Vec<u8>>,
         event: NodeEvent,
         generation: u64,
@@ -137,12 +140,11 @@ pub(crate) enum FromTrainer {
         member: u32,
     },
     /// A manifest of the sharded exchange, naming this node's own state,
-    /// listed contributions their authors announced as computed on another
-    /// state ([`foreign_bases`]): the leader's doing.
+    /// listed its leader's own contribution, which the leader announced as
+    /// computed on another state ([`foreign_bases`]).
     ForeignBasis {
         step: u32,
         leader: u32,
-        members: Vec<u32>,
     },
     /// The state-hash check of an applied manifest of the same history.
     StateCheck {
@@ -283,16 +285,15 @@ impl Basis {
     }
 }
 
-/// The listed members whose one announcement this node holds names another
-/// state than `expected`, the one the step's contributions are computed on
-/// here. No witness of the sharded exchange audits such a contribution (it
-/// would recompute it on a state its author never used), so its votes
-/// would count unchecked; an honest leader lists none
-/// (`StepMachine::lead`), and an author cannot make it list one against
-/// its will: an announcement names its state under the author's signature,
-/// and a second, contradicting one reaches every node as proof
-/// (`Verdict::Equivocation`), after which no node holds "its one
-/// announcement".
+/// The listed members whose announcement of the listed payload, as this
+/// node holds it, names another state than `expected`, the one the step's
+/// contributions are computed on here. No witness of the sharded exchange
+/// audits such a contribution (it would recompute it on a state its author
+/// never used), so its votes count unchecked; an honest leader lists none
+/// (`StepMachine::lead`). Only the leader's own entry is proof against it:
+/// another author could have shown the leader one announcement and the
+/// witnesses another (and block the proof's spread), so a leader is never
+/// accused on what someone else announced.
 pub(crate) fn foreign_bases(announced: &[(Announced, [u8; 32])], expected: &[u8; 32]) -> Vec<u32> {
     announced
         .iter()
@@ -472,6 +473,7 @@ pub(crate) fn train_loop(
     send(FromTrainer::Applied {
         step: trainer.step(),
         state_hash: current_hash,
+        basis: basis.expected(&current_hash),
         snapshot: snap,
         event: NodeEvent::Synced {
             step: trainer.step(),
@@ -505,6 +507,7 @@ pub(crate) fn train_loop(
         send(FromTrainer::Applied {
             step: trainer.step(),
             state_hash: hash,
+            basis: basis.expected(&hash),
             snapshot,
             event: NodeEvent::Rewound {
                 step: trainer.step(),
@@ -764,17 +767,16 @@ pub(crate) fn train_loop(
                     let listed: Vec<u32> = manifest.entries.iter().map(|e| e.0).collect();
                     let expected = basis.expected(&current_hash);
                     // The manifest names this node's state, so its leader's
-                    // step state is this node's too: a listing on another
-                    // is the leader's breach of the rule, not a fork.
-                    if manifest.state_hash == current_hash {
-                        let members = foreign_bases(&announced, &expected);
-                        if !members.is_empty() {
-                            send(FromTrainer::ForeignBasis {
-                                step: manifest.step,
-                                leader: manifest.leader,
-                                members,
-                            })?;
-                        }
+                    // step state is this node's too: listing its own work
+                    // announced on another is the leader's breach of the
+                    // rule, not a fork.
+                    if manifest.state_hash == current_hash
+                        && foreign_bases(&announced, &expected).contains(&manifest.leader)
+                    {
+                        send(FromTrainer::ForeignBasis {
+                            step: manifest.step,
+                            leader: manifest.leader,
+                        })?;
                     }
                     let auditable: Vec<Announced> = announced
                         .into_iter()
@@ -813,6 +815,7 @@ pub(crate) fn train_loop(
             send(FromTrainer::Applied {
                 step: trainer.step(),
                 state_hash,
+                basis: basis.expected(&state_hash),
                 snapshot,
                 event: NodeEvent::Applied {
                     step: manifest.step,

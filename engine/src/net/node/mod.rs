@@ -844,6 +844,7 @@ impl Net {
             FromTrainer::Applied {
                 step,
                 state_hash,
+                basis,
                 snapshot,
                 event,
                 ..
@@ -858,7 +859,7 @@ impl Net {
                 } else {
                     self.events.push(event);
                 }
-                self.machine.on_applied(step, state_hash);
+                self.machine.on_applied(step, state_hash, basis);
                 self.snapshots.insert(step, snapshot);
                 self.prune();
                 self.drive();
@@ -888,28 +889,16 @@ impl Net {
                     self.accuse_leader(leader, step, evidence, Ground::ForgedEntry);
                 }
             }
-            FromTrainer::ForeignBasis {
-                step,
-                leader,
-                members,
-            } => {
-                for member in members {
-                    tracing::warn!(
-                        me = self.cfg.me,
-                        step,
-                        leader,
-                        member,
-                        "a leader listed a contribution announced on another state"
-                    );
-                    let evidence = defence::foreign_basis_evidence(
-                        &self.cfg.job,
-                        self.cfg.epoch,
-                        step,
-                        leader,
-                        member,
-                    );
-                    self.accuse_leader(leader, step, evidence, Ground::ForeignBasis);
-                }
+            FromTrainer::ForeignBasis { step, leader } => {
+                tracing::warn!(
+                    me = self.cfg.me,
+                    step,
+                    leader,
+                    "a leader listed its own contribution, announced on another state"
+                );
+                let evidence =
+                    defence::foreign_basis_evidence(&self.cfg.job, self.cfg.epoch, step, leader);
+                self.accuse_leader(leader, step, evidence, Ground::ForeignBasis);
             }
             FromTrainer::StateCheck {
                 step,

@@ -650,6 +650,7 @@ impl Net {
     pub(super) fn sharded_manifest(&mut self, manifest: Manifest, same_history: bool) {
         let last_produced_us = self.machine.last_produced_us(manifest.step);
         let now = self.now();
+        let mut forged = Vec::new();
         self.with_sharded(|net, sh| {
             let step = manifest.step;
             if !net.open_step(sh, step) {
@@ -663,6 +664,11 @@ impl Net {
                 .collect();
             for (m, root) in &manifest.entries {
                 sh.listed.insert((step, *m), *root);
+                // A root the member never announced, when it announced
+                // another and nothing else: the leader's forgery.
+                if net.machine.leader_forged(step, *m, root) {
+                    forged.push((manifest.leader, step, *m));
+                }
             }
             sh.manifests.insert(step, (id, members.clone()));
             // Pushes whose author's announcement this node never heard
@@ -688,6 +694,17 @@ impl Net {
                 },
             );
         });
+        for (leader, step, member) in forged {
+            self.stats.forged_entries += 1;
+            self.events.push(NodeEvent::ForgedEntry {
+                step,
+                leader,
+                member,
+            });
+            let evidence =
+                defence::forged_entry_evidence(&self.cfg.job, self.cfg.epoch, step, leader, member);
+            self.accuse_leader(leader, step, evidence, Ground::ForgedEntry);
+        }
         self.sharded_try_apply();
     }
 
@@ -697,7 +714,6 @@ impl Net {
     /// (every shard's sum accepted and held), so a step applied again after
     /// a rewind is handed over again.
     fn sharded_try_apply(&mut self) {
-        let mut forged = Vec::new();
         self.with_sharded(|net, sh| {
             while let Some(step) = sh.to_apply.keys().next().copied() {
                 let mut sums = Vec::with_capacity(sh.shards.len());
@@ -714,17 +730,6 @@ impl Net {
                 let Some(t) = sh.to_apply.remove(&step) else {
                     return;
                 };
-                // A listed root the member never announced, when it
-                // announced another and nothing else: the leader's forgery.
-                // Judged now, seconds after the manifest, so that a member
-                // that showed this node another announcement than the
-                // leader's has been shown up by the leader's, forwarded as
-                // proof (`Verdict::Equivocation`).
-                for (m, root) in &t.manifest.entries {
-                    if net.machine.leader_forged(step, *m, root) {
-                        forged.push((t.manifest.leader, step, *m));
-                    }
-                }
                 if let Some((_, raw)) = net.ranked_raw.get(&t.manifest.id()) {
                     net.manifests_raw.insert(step, raw.clone());
                 }
@@ -755,17 +760,6 @@ impl Net {
                 });
             }
         });
-        for (leader, step, member) in forged {
-            self.stats.forged_entries += 1;
-            self.events.push(NodeEvent::ForgedEntry {
-                step,
-                leader,
-                member,
-            });
-            let evidence =
-                defence::forged_entry_evidence(&self.cfg.job, self.cfg.epoch, step, leader, member);
-            self.accuse_leader(leader, step, evidence, Ground::ForgedEntry);
-        }
     }
 
     /// Drives the exchange until it has nothing to do; true if it did
