@@ -471,8 +471,13 @@ impl StepMachine {
                 return Verdict::Duplicate;
             }
             // Listed by a manifest before its announcement came: this is
-            // the announcement, not a second one.
+            // the announcement, not a second one; and so is one of another
+            // payload while this node holds nothing the member signed (a
+            // manifest listing a made-up root under its name must not make
+            // its real announcement an equivocation, which every fall-back
+            // leader would leave out).
             (Some(h), None) if *h == a.payload_hash => {}
+            (Some(_), _) if !st.committed.keys().any(|(m, _)| *m == a.member) => {}
             (Some(_), _) => {
                 if !st.equivocated.insert(a.member) {
                     return Verdict::Equivocated;
@@ -501,6 +506,16 @@ impl StepMachine {
         }
         self.want(a.payload_hash, a.step, a.member);
         Verdict::Accepted
+    }
+
+    /// Whether this node holds two announcements of `payload` by `member`
+    /// at `step` under different commitments: both signed by `member`, so
+    /// proof against it, and neither auditable.
+    pub fn ambiguous(&self, step: u32, member: u32, payload: &[u8; 32]) -> bool {
+        self.steps
+            .get(&step)
+            .and_then(|st| st.committed.get(&(member, *payload)))
+            .is_some_and(Option::is_none)
     }
 
     /// What `member` committed to beside `payload` in its announcement of
@@ -872,7 +887,10 @@ impl StepMachine {
         for st in self.steps.values_mut() {
             st.chain = None;
         }
-        self.state_hashes.retain(|&s, _| s <= step);
+        // The state at `step` is whatever the trainer loads next (it
+        // reports it): an entry kept from the history left would lead
+        // `step` on that history's state.
+        self.state_hashes.retain(|&s, _| s < step);
     }
 
     /// Stop applying until [`Self::resync`]: this node must download the
@@ -1896,6 +1914,58 @@ mod tests {
             }
             .proves_fraud()
         );
+    }
+
+    #[test]
+    fn a_manifest_listing_a_made_up_root_does_not_make_the_member_s_real_announcement_a_second_one()
+    {
+        // A leader publishes as the step opens, listing member `victim`
+        // under a root it never announced; the real announcement comes
+        // after. Taken as a second announcement, it marked an honest
+        // member an equivocator every fall-back leader leaves out.
+        let mut ms = machines(3);
+        let leader = ms[0].leader(0, 0);
+        let victim = (leader + 1) % 3;
+        let node = &mut ms[((leader + 2) % 3) as usize];
+        node.on_applied(0, [0; 32], [0; 32]);
+        let forged = Manifest {
+            job: [1; 32],
+            epoch: 0,
+            step: 0,
+            attempt: 0,
+            leader,
+            state_hash: [0; 32],
+            parent: [0; 32],
+            entries: vec![(victim, [0xf0; 32])],
+        };
+        assert_eq!(node.on_manifest(MS, forged), Verdict::Accepted);
+        let real = announce(0, victim);
+        assert_eq!(node.on_announce(MS, &real), Verdict::Accepted);
+        assert!(node.committed(0, victim, &real.payload_hash).is_some());
+        // A second announcement of its own is still one.
+        let mut again = real.clone();
+        again.payload_hash = [0xf1; 32];
+        assert_eq!(node.on_announce(MS, &again), Verdict::Equivocation);
+    }
+
+    #[test]
+    fn one_payload_under_two_commitments_is_ambiguous_and_two_payloads_are_not() {
+        let mut ms = machines(3);
+        let m = &mut ms[0];
+        let a = announce(2, 1);
+        m.on_announce(MS, &a);
+        let mut other_payload = a.clone();
+        other_payload.payload_hash = [0xcd; 32];
+        assert_eq!(m.on_announce(MS, &other_payload), Verdict::Equivocation);
+        assert!(!m.ambiguous(2, 1, &a.payload_hash));
+        assert!(!m.ambiguous(2, 1, &other_payload.payload_hash));
+        let b = announce(2, 2);
+        m.on_announce(MS, &b);
+        let mut other_state = b.clone();
+        other_state.basis = [0xee; 32];
+        assert_eq!(m.on_announce(MS, &other_state), Verdict::Equivocation);
+        assert!(m.ambiguous(2, 2, &b.payload_hash));
+        assert_eq!(m.committed(2, 2, &b.payload_hash), None);
     }
 
     #[test]

@@ -714,6 +714,7 @@ impl Net {
     /// (every shard's sum accepted and held), so a step applied again after
     /// a rewind is handed over again.
     fn sharded_try_apply(&mut self) {
+        let mut two_faced = Vec::new();
         self.with_sharded(|net, sh| {
             while let Some(step) = sh.to_apply.keys().next().copied() {
                 let mut sums = Vec::with_capacity(sh.shards.len());
@@ -730,6 +731,17 @@ impl Net {
                 let Some(t) = sh.to_apply.remove(&step) else {
                     return;
                 };
+                // A leader that listed its own payload, which it announced
+                // under two commitments (so that no witness audits it, nor
+                // sees it on another state): its two signatures are proof.
+                let leader = t.manifest.leader;
+                if t.manifest
+                    .entries
+                    .iter()
+                    .any(|(m, root)| *m == leader && net.machine.ambiguous(step, *m, root))
+                {
+                    two_faced.push((step, leader));
+                }
                 if let Some((_, raw)) = net.ranked_raw.get(&t.manifest.id()) {
                     net.manifests_raw.insert(step, raw.clone());
                 }
@@ -760,6 +772,11 @@ impl Net {
                 });
             }
         });
+        for (step, leader) in two_faced {
+            let evidence =
+                defence::foreign_basis_evidence(&self.cfg.job, self.cfg.epoch, step, leader);
+            self.accuse_leader(leader, step, evidence, Ground::ForeignBasis);
+        }
     }
 
     /// Drives the exchange until it has nothing to do; true if it did
