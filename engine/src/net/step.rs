@@ -170,6 +170,11 @@ struct StepState {
     committed: BTreeMap<(u32, [u8; 32]), Option<Committed>>,
     /// Members that announced two contributions for this step.
     equivocated: BTreeSet<u32>,
+    /// Members whose first announcement this node held came after a
+    /// manifest listed another payload under their name: whether that
+    /// listing was forged or the member showed the leader another
+    /// announcement, this node cannot tell, so it judges neither.
+    listed_first: BTreeSet<u32>,
     manifest: Option<Manifest>,
     /// Entries of `manifest` whose payload is not held yet.
     missing: BTreeSet<[u8; 32]>,
@@ -477,7 +482,24 @@ impl StepMachine {
             // its real announcement an equivocation, which every fall-back
             // leader would leave out).
             (Some(h), None) if *h == a.payload_hash => {}
-            (Some(_), _) if !st.committed.keys().any(|(m, _)| *m == a.member) => {}
+            (Some(_), _)
+                if st
+                    .committed
+                    .range((a.member, [0; 32])..=(a.member, [0xff; 32]))
+                    .next()
+                    .is_none() =>
+            {
+                st.listed_first.insert(a.member);
+            }
+            // The same payload under a second commitment, even from a
+            // member already seen announcing twice: forwarded once more
+            // as the proof that makes it ambiguous (`Self::ambiguous`),
+            // once per payload (at most two are kept per member).
+            (Some(_), Some(Some(c))) if *c != committed => {
+                st.equivocated.insert(a.member);
+                st.committed.insert(key, None);
+                return Verdict::Equivocation;
+            }
             (Some(_), _) => {
                 if !st.equivocated.insert(a.member) {
                     return Verdict::Equivocated;
@@ -547,6 +569,7 @@ impl StepMachine {
     pub fn leader_forged(&self, step: u32, member: u32, listed: &[u8; 32]) -> bool {
         self.steps.get(&step).is_some_and(|st| {
             !st.equivocated.contains(&member)
+                && !st.listed_first.contains(&member)
                 && st.announced.get(&member).is_some_and(|h| h != listed)
         })
     }
@@ -1942,6 +1965,9 @@ mod tests {
         let real = announce(0, victim);
         assert_eq!(node.on_announce(MS, &real), Verdict::Accepted);
         assert!(node.committed(0, victim, &real.payload_hash).is_some());
+        // Nor is the listing judged a forgery here: the member may as well
+        // have shown the leader another announcement than this node.
+        assert!(!node.leader_forged(0, victim, &[0xf0; 32]));
         // A second announcement of its own is still one.
         let mut again = real.clone();
         again.payload_hash = [0xf1; 32];
@@ -1966,6 +1992,20 @@ mod tests {
         assert_eq!(m.on_announce(MS, &other_state), Verdict::Equivocation);
         assert!(m.ambiguous(2, 2, &b.payload_hash));
         assert_eq!(m.committed(2, 2, &b.payload_hash), None);
+        // A member that announced another payload first still cannot keep
+        // one payload under two commitments from a node: the second one
+        // is forwarded as proof.
+        let c = announce(3, 1);
+        let mut decoy = c.clone();
+        decoy.payload_hash = [0xab; 32];
+        m.on_announce(MS, &decoy);
+        assert_eq!(m.on_announce(MS, &c), Verdict::Equivocation);
+        assert!(!m.ambiguous(3, 1, &c.payload_hash));
+        let mut c_elsewhere = c.clone();
+        c_elsewhere.basis = [0xee; 32];
+        assert_eq!(m.on_announce(MS, &c_elsewhere), Verdict::Equivocation);
+        assert!(m.ambiguous(3, 1, &c.payload_hash));
+        assert_eq!(m.on_announce(MS, &c_elsewhere), Verdict::Equivocated);
     }
 
     #[test]
