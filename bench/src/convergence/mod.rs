@@ -684,7 +684,9 @@ fn tried(
                 field("decode"),
                 field("adaptive")
             )
-        } else if ["sharedk", "shared", "sharedagg", "signagg"].contains(&method) {
+        } else if ["sharedk", "shared", "sharedagg", "signagg"].contains(&method)
+            || method.starts_with("sharedlook")
+        {
             format!("{method} ({} drawn coefficients per chunk)", field("topk"))
         } else if let Some(cut) = method.strip_prefix("topagg") {
             format!(
@@ -744,7 +746,11 @@ fn tried(
              every vote and reproduces Cohort bit for bit); *signagg* — the shared rule with each \
              coefficient's summed votes cut to their sign before decoding, as a sharded exchange's \
              aggregators would publish 2-bit sign sums (*sharedagg*, the same loop keeping every \
-             vote, is the shared rule bit for bit). The bytes of *sharedk*, *topagg*, *sharedagg* and *signagg* count \
+             vote, is the shared rule bit for bit); *sharedlookP* — the shared rule through the \
+             same loop with each gradient computed on the weights extrapolated by P% of the last \
+             applied update (`w + P/100 · (w − w_prev)`), a guess at the weights the one-step-stale \
+             gradient will be applied to. The bytes of *sharedk*, *topagg*, *sharedagg*, *signagg* \
+             and *sharedlookP* count \
              the payload alone, as each run logged it; Cohort's and *shared*'s count one encoded \
              contribution in today's wire format (version 4), its 148-byte header included and \
              its 64-byte signature not, and the dense methods' their fp32 gradient.\n",
