@@ -1562,14 +1562,7 @@ mod tests {
         }
         let late = now + Timing::default().collect * 4;
         let leader = ms[0].leader(1, 0) as usize;
-        let published: Vec<Manifest> = ms[leader]
-            .poll(late)
-            .into_iter()
-            .filter_map(|a| match a {
-                Action::Publish(m) => Some(m),
-                _ => None,
-            })
-            .collect();
+        let published = publications(ms[leader].poll(late));
         assert_eq!(published.len(), 1, "{published:?}");
         let listed: Vec<u32> = published[0].entries.iter().map(|e| e.0).collect();
         assert_eq!(listed, vec![0], "2 on another state, 1 announced twice");
@@ -1680,14 +1673,7 @@ mod tests {
         let straggler = open + window - Duration::from_secs(1);
         l.on_announce(straggler, &announce(1, slow));
         l.on_payload(straggler, announce(1, slow).payload_hash);
-        let published: Vec<Manifest> = l
-            .poll(straggler)
-            .into_iter()
-            .filter_map(|a| match a {
-                Action::Publish(m) => Some(m),
-                _ => None,
-            })
-            .collect();
+        let published = publications(l.poll(straggler));
         assert_eq!(published.len(), 1, "published once everyone was in");
         let listed: Vec<u32> = published[0].entries.iter().map(|e| e.0).collect();
         assert_eq!(listed, vec![0, 1, 2, 3]);
@@ -2084,14 +2070,7 @@ mod tests {
                 m.on_payload(now, a.payload_hash);
             }
         }
-        let published: Vec<Manifest> = m
-            .poll(late)
-            .into_iter()
-            .filter_map(|a| match a {
-                Action::Publish(m) => Some(m),
-                _ => None,
-            })
-            .collect();
+        let published = publications(m.poll(late));
         assert_eq!(published.len(), 1, "{published:?}");
         let listed: Vec<u32> = published[0].entries.iter().map(|e| e.0).collect();
         assert_eq!(
@@ -2099,6 +2078,16 @@ mod tests {
             vec![0, 1],
             "2 computed on the state before the epoch's"
         );
+    }
+
+    /// The manifests a poll published.
+    fn publications(acts: Vec<Action>) -> Vec<Manifest> {
+        acts.into_iter()
+            .filter_map(|a| match a {
+                Action::Publish(m) => Some(m),
+                _ => None,
+            })
+            .collect()
     }
 
     fn applied(acts: &[Action]) -> Vec<(Manifest, bool)> {
