@@ -152,6 +152,8 @@ pub fn run(raw: &[String]) -> Result<()> {
         },
         weight_decay: 0.1,
         adaptive_beta2: 0.0,
+        // It keeps the weights before each update, as a node does.
+        look_ahead: TrainConfig::small(1).look_ahead,
         batch,
         micro_batch: batch,
     };

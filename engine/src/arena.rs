@@ -220,7 +220,7 @@ pub fn run(
                         // What it reveals: its real momentum, or one forged
                         // so its flipped payload recomputes exactly.
                         let revealed = if forger {
-                            let (_, g) = t.member_gradients(seed, epoch, step, t.id.index)?;
+                            let (_, g) = t.gradients_for(seed, epoch, step)?;
                             adversary::forged_momentum(&before, &g, t.decay())
                         } else {
                             before

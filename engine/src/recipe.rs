@@ -15,7 +15,10 @@ use thiserror::Error;
 /// 2 (2026-12-05): the shared rule became the recipe, and a payload's
 /// identity under it (`audit::payload_hash`, which audit coins and evidence
 /// ids hash) covers its sign bits only.
-pub const RECIPE_VERSION: u32 = 2;
+/// 3 (2026-12-06): the look-ahead (`TrainConfig::look_ahead`): a contribution
+/// computed one step ahead takes its gradient on the weights extrapolated by
+/// the last update, and the shared state carries the weights before it.
+pub const RECIPE_VERSION: u32 = 3;
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum RecipeError {
@@ -89,6 +92,7 @@ pub fn hash(t: &TrainConfig) -> [u8; 32] {
     h.update(&l.min_ratio.to_bits().to_le_bytes());
     h.update(&t.weight_decay.to_bits().to_le_bytes());
     h.update(&t.adaptive_beta2.to_bits().to_le_bytes());
+    h.update(&t.look_ahead.to_bits().to_le_bytes());
     h.update(&(t.batch as u64).to_le_bytes());
     *h.finalize().as_bytes()
 }
@@ -208,7 +212,7 @@ mod tests {
         let mut micro = base;
         micro.micro_batch = 1;
         assert_eq!(hash(&micro), h);
-        let changes: [fn(&mut TrainConfig); 10] = [
+        let changes: [fn(&mut TrainConfig); 11] = [
             |t| t.compress.max_chunk /= 2,
             |t| t.compress.topk += 1,
             |t| t.compress.decay *= 0.5,
@@ -223,6 +227,7 @@ mod tests {
             |t| t.lr.warmup += 1,
             |t| t.weight_decay = 0.0,
             |t| t.adaptive_beta2 = 0.99,
+            |t| t.look_ahead = 0.5,
             |t| t.batch += 1,
         ];
         for (i, change) in changes.iter().enumerate() {

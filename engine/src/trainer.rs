@@ -30,6 +30,14 @@ pub struct TrainConfig {
     /// for gradients. Computed from the shared direction only, so every node
     /// keeps the same state.
     pub adaptive_beta2: f32,
+    /// The look-ahead γ of a contribution computed one step ahead (the P2P
+    /// node's pipeline, `runner::Schedule::OneStepStale`): its gradient is
+    /// taken at `w + γ (w − w_prev)`, the weights extrapolated by γ of the
+    /// last applied update, a guess at the weights it will be applied to
+    /// one step later. 0 computes on `w`. Every node holds `w_prev` (it is
+    /// part of the shared state), so the guess is deterministic and an
+    /// auditor recomputes it.
+    pub look_ahead: f32,
 }
 
 impl TrainConfig {
@@ -51,18 +59,24 @@ impl TrainConfig {
             },
             weight_decay: 0.1,
             adaptive_beta2: 0.0,
+            // `cohort-bench convergence`'s `sharedlook100`: on the one-step-
+            // stale schedule it closed most of the gap to lock-step AdamW
+            // that staleness costs the shared rule (docs/engine.md).
+            look_ahead: 1.0,
             batch: 8,
             micro_batch: 8,
         }
     }
 
     /// The job recipe before the shared rule (recipe version 1): each
-    /// member's top-4 per chunk with their indices, decay 0.9, lr 2e-3.
-    /// Kept for the top-k tests and the adversary bench's published tables.
+    /// member's top-4 per chunk with their indices, decay 0.9, lr 2e-3, no
+    /// look-ahead. Kept for the top-k tests and the adversary bench's
+    /// published tables.
     pub fn top_k(total_steps: u32) -> Self {
         let mut t = Self::small(total_steps);
         t.compress = CompressConfig::default();
         t.lr.base = 2e-3;
+        t.look_ahead = 0.0;
         t
     }
 }
@@ -84,6 +98,10 @@ pub struct Trainer {
     compressor: Compressor,
     /// Running second moment of the applied direction (see `adaptive_beta2`).
     second_moment: Vec<Vec<f32>>,
+    /// The weights before the last applied update, under a look-ahead
+    /// recipe (`look_ahead` > 0); None before the first update of a run, or
+    /// after weights were set from outside.
+    previous: Option<Vec<Vec<f32>>>,
     /// Updates applied so far; the next contribution is for this step.
     step: u32,
     engine: Box<dyn GradientEngine>,
@@ -124,6 +142,7 @@ impl Trainer {
             params,
             compressor,
             second_moment,
+            previous: None,
             step: 0,
             engine,
             corpus,
@@ -198,7 +217,18 @@ impl Trainer {
         step: u32,
         index: u32,
     ) -> Result<(f32, Vec<Vec<f32>>), EngineError> {
-        let current = std::mem::replace(&mut self.params, weights.clone());
+        self.member_gradients_with(weights.clone(), seed, epoch, step, index)
+    }
+
+    fn member_gradients_with(
+        &mut self,
+        weights: ParamSet,
+        seed: &[u8; 32],
+        epoch: u32,
+        step: u32,
+        index: u32,
+    ) -> Result<(f32, Vec<Vec<f32>>), EngineError> {
+        let current = std::mem::replace(&mut self.params, weights);
         let out = self.member_gradients(seed, epoch, step, index);
         self.params = current;
         out
@@ -258,13 +288,50 @@ impl Trainer {
         self.gradients_for(seed, epoch, self.step)
     }
 
-    fn gradients_for(
+    /// Loss and gradients on this member's batch for `step`: on the current
+    /// weights, or one step ahead (the P2P node's pipeline) on
+    /// [`Self::ahead_weights`]. What [`Self::compute_step`] compresses.
+    pub fn gradients_for(
         &mut self,
         seed: &[u8; 32],
         epoch: u32,
         step: u32,
     ) -> Result<(f32, Vec<Vec<f32>>), EngineError> {
-        self.member_gradients(seed, epoch, step, self.id.index)
+        let index = self.id.index;
+        if step == self.step + 1 && self.look_from().is_some() {
+            let ahead = self.ahead_weights();
+            self.member_gradients_with(ahead, seed, epoch, step, index)
+        } else {
+            self.member_gradients(seed, epoch, step, index)
+        }
+    }
+
+    /// The weights a contribution for the step after this state's is
+    /// computed on: these weights extrapolated by `look_ahead` of the last
+    /// applied update, `w + γ (w − w_prev)`, or these weights themselves when
+    /// the recipe does not look ahead or no update was applied yet. A
+    /// function of the shared state alone, so it is what a witness keeps to
+    /// audit that step on.
+    pub fn ahead_weights(&self) -> ParamSet {
+        let mut w = self.params.clone();
+        if let Some(prev) = self.look_from() {
+            let gamma = self.cfg.look_ahead;
+            for (v, v0) in w.values.iter_mut().zip(prev) {
+                for (x, x0) in v.iter_mut().zip(v0) {
+                    *x += gamma * (*x - x0);
+                }
+            }
+        }
+        w
+    }
+
+    /// The weights before the last update, when the recipe looks ahead.
+    fn look_from(&self) -> Option<&[Vec<f32>]> {
+        if self.cfg.look_ahead > 0.0 {
+            self.previous.as_deref()
+        } else {
+            None
+        }
     }
 
     /// Loss and gradients on member `index`'s batch for `(epoch, step)` at
@@ -454,6 +521,12 @@ impl Trainer {
                 self.step + 1,
             );
         }
+        if self.cfg.look_ahead > 0.0 {
+            match &mut self.previous {
+                Some(p) => p.clone_from(&self.params.values),
+                None => self.previous = Some(self.params.values.clone()),
+            }
+        }
         let lr = self.cfg.lr.at(self.step);
         sign_sgd_step(&mut self.params.values, &dirs, lr, self.cfg.weight_decay);
         self.step += 1;
@@ -486,30 +559,53 @@ impl Trainer {
             ));
         }
         self.params = params;
+        self.previous = None;
         self.step = step;
         Ok(())
     }
 
     /// The state every honest member holds identically (weights, the
-    /// shared second moment and the step), encoded for a late joiner.
+    /// shared second moment, the step and, under a look-ahead recipe, the
+    /// weights before the last update), encoded for a late joiner.
     /// Momentum is each member's own and is not part of it.
     pub fn snapshot(&self) -> Vec<u8> {
         self.snapshot_with_room(0)
     }
 
+    /// Floats per parameter a [`Trainer::snapshot`] under `cfg` holds at
+    /// most: the weights, the second moment and, under a look-ahead recipe,
+    /// the weights before the last update.
+    pub fn floats_in_state(cfg: &TrainConfig) -> u64 {
+        if cfg.look_ahead > 0.0 { 3 } else { 2 }
+    }
+
     /// [`Trainer::snapshot`] in a buffer with `room` bytes to spare, for a
     /// caller that appends to it.
     pub fn snapshot_with_room(&self, room: usize) -> Vec<u8> {
+        let previous = self.look_from();
+        let tail = if self.cfg.look_ahead > 0.0 {
+            1 + previous.map_or(0, |_| 4 * self.params.numel())
+        } else {
+            0
+        };
         let mut buf =
-            Vec::with_capacity(SNAPSHOT_MAGIC.len() + 36 + 8 * self.params.numel() + room);
+            Vec::with_capacity(SNAPSHOT_MAGIC.len() + 36 + 8 * self.params.numel() + tail + room);
         buf.extend_from_slice(SNAPSHOT_MAGIC);
         buf.extend_from_slice(&self.id.job);
         buf.extend_from_slice(&self.step.to_le_bytes());
-        for set in [&self.params.values, &self.second_moment] {
-            for v in set.iter() {
+        let put = |buf: &mut Vec<u8>, set: &[Vec<f32>]| {
+            for v in set {
                 for x in v {
                     buf.extend_from_slice(&x.to_le_bytes());
                 }
+            }
+        };
+        put(&mut buf, &self.params.values);
+        put(&mut buf, &self.second_moment);
+        if self.cfg.look_ahead > 0.0 {
+            buf.push(previous.is_some() as u8);
+            if let Some(p) = previous {
+                put(&mut buf, p);
             }
         }
         buf
@@ -524,8 +620,16 @@ impl Trainer {
     /// checked; keeps this member's momentum. Changes nothing on error.
     pub fn load_snapshot(&mut self, buf: &[u8]) -> Result<(), EngineError> {
         let numel = self.params.numel();
-        let want = SNAPSHOT_MAGIC.len() + 32 + 4 + 8 * numel;
-        if buf.len() != want || &buf[..4] != SNAPSHOT_MAGIC {
+        let base = SNAPSHOT_MAGIC.len() + 32 + 4 + 8 * numel;
+        // Under a look-ahead recipe a byte says whether the weights before
+        // the last update follow.
+        let with_previous = self.cfg.look_ahead > 0.0 && buf.get(base) == Some(&1);
+        let want = match (self.cfg.look_ahead > 0.0, with_previous) {
+            (false, _) => base,
+            (true, false) => base + 1,
+            (true, true) => base + 1 + 4 * numel,
+        };
+        if buf.len() != want || &buf[..4] != SNAPSHOT_MAGIC || (want > base && buf[base] > 1) {
             return Err(EngineError::Malformed(format!(
                 "snapshot of {} bytes, this model needs {want}",
                 buf.len()
@@ -550,11 +654,28 @@ impl Trainer {
         let (mut values, mut second) = (self.params.values.clone(), self.second_moment.clone());
         fill(&mut values);
         fill(&mut second);
-        if values.iter().flatten().any(|x| !x.is_finite()) {
+        let previous = with_previous.then(|| {
+            let mut p = self.params.values.clone();
+            let mut at = base + 1;
+            for v in p.iter_mut() {
+                for x in v.iter_mut() {
+                    *x = f32::from_le_bytes([buf[at], buf[at + 1], buf[at + 2], buf[at + 3]]);
+                    at += 4;
+                }
+            }
+            p
+        });
+        if values
+            .iter()
+            .chain(previous.iter().flatten())
+            .flatten()
+            .any(|x| !x.is_finite())
+        {
             return Err(EngineError::NonFinite("snapshot weights".into()));
         }
         self.params.values = values;
         self.second_moment = second;
+        self.previous = previous;
         self.step = step;
         Ok(())
     }
@@ -678,6 +799,10 @@ impl Trainer {
         self.params.values = sets.pop().unwrap_or_default();
         self.compressor.momentum = momentum;
         self.second_moment = second_moment;
+        // A checkpoint restarts a run at an epoch's start (mid-epoch, the
+        // node loads the shared state from its peers): no update to look
+        // from, as for every member starting there.
+        self.previous = None;
         self.step = step;
         Ok(())
     }

@@ -323,3 +323,119 @@ fn backend_choice_is_explained() {
         .to_string();
     assert!(e.contains("unknown backend `tpu`"), "{e}");
 }
+
+fn bits(g: &[Vec<f32>]) -> Vec<u32> {
+    g.iter().flatten().map(|x| x.to_bits()).collect()
+}
+
+#[test]
+fn a_contribution_computed_one_step_ahead_takes_its_gradient_on_the_weights_extrapolated_by_the_last_update()
+ {
+    let cfg = TrainConfig::small(10);
+    assert_eq!(cfg.look_ahead, 1.0, "the job recipe looks ahead");
+    let seed = [4; 32];
+    let mut a = Trainer::new(cfg, &[3; 32], corpus(), backend::cpu(), id(0)).unwrap();
+    // Before any update there is nothing to look from: one step ahead is
+    // computed on the current weights.
+    let w0 = a.params().clone();
+    let (_, ahead) = a.gradients_for(&seed, 0, 1).unwrap();
+    let (_, plain) = a.member_gradients(&seed, 0, 1, 0).unwrap();
+    assert_eq!(bits(&ahead), bits(&plain));
+    let (c, _) = a.compute(&seed, 0).unwrap();
+    a.apply(&[c]).unwrap();
+    let w1 = a.params().clone();
+    // After one: on w1 + (w1 - w0), by hand.
+    let mut look = w1.clone();
+    for (v, v0) in look.values.iter_mut().zip(&w0.values) {
+        for (x, x0) in v.iter_mut().zip(v0) {
+            *x += *x - x0;
+        }
+    }
+    assert_eq!(a.ahead_weights().values, look.values);
+    let (_, ahead) = a.gradients_for(&seed, 0, 2).unwrap();
+    let (_, by_hand) = a.member_gradients_on(&look, &seed, 0, 2, 0).unwrap();
+    let (_, on_w1) = a.member_gradients(&seed, 0, 2, 0).unwrap();
+    assert_eq!(bits(&ahead), bits(&by_hand));
+    assert_ne!(bits(&ahead), bits(&on_w1));
+    // The current step itself (lock-step) is computed on the weights.
+    let (_, now) = a.gradients_for(&seed, 0, 1).unwrap();
+    assert_eq!(
+        bits(&now),
+        bits(&a.member_gradients(&seed, 0, 1, 0).unwrap().1)
+    );
+    // Without look-ahead one step ahead is the weights themselves.
+    let mut flat = Trainer::new(
+        TrainConfig {
+            look_ahead: 0.0,
+            ..cfg
+        },
+        &[3; 32],
+        corpus(),
+        backend::cpu(),
+        id(0),
+    )
+    .unwrap();
+    let (c, _) = flat.compute(&seed, 0).unwrap();
+    flat.apply(&[c]).unwrap();
+    assert_eq!(flat.params().values, w1.values);
+    assert_eq!(
+        bits(&flat.gradients_for(&seed, 0, 2).unwrap().1),
+        bits(&on_w1)
+    );
+}
+
+#[test]
+fn the_shared_state_carries_the_weights_before_the_last_update_and_a_checkpoint_does_not() {
+    let cfg = TrainConfig::small(10);
+    let seed = [4; 32];
+    let mut a = Trainer::new(cfg, &[3; 32], corpus(), backend::cpu(), id(0)).unwrap();
+    let fresh = a.snapshot();
+    for _ in 0..2 {
+        let (c, _) = a.compute(&seed, 0).unwrap();
+        a.apply(&[c]).unwrap();
+    }
+    // A joiner loading the state computes the next step as every member
+    // does, and holds the same state.
+    let mut b = Trainer::new(cfg, &[3; 32], corpus(), backend::cpu(), id(0)).unwrap();
+    b.load_snapshot(&a.snapshot()).unwrap();
+    assert_eq!(b.state_hash(), a.state_hash());
+    assert_eq!(b.ahead_weights().values, a.ahead_weights().values);
+    assert_ne!(a.ahead_weights().values, a.params().values);
+    // Another state before the last update is another state.
+    assert_ne!(fresh, a.snapshot());
+    let mut c = Trainer::new(cfg, &[3; 32], corpus(), backend::cpu(), id(0)).unwrap();
+    c.load_snapshot(&fresh).unwrap();
+    assert_eq!(c.ahead_weights().values, c.params().values);
+    // A flag byte that is neither 0 nor 1, a cut state, or a state of the
+    // look-ahead recipe loaded by one without it: refused, nothing changed.
+    let mut bad = a.snapshot();
+    let flag = bad.len() - 1 - 4 * a.params().numel();
+    bad[flag] = 2;
+    let before = c.state_hash();
+    assert!(c.load_snapshot(&bad).is_err());
+    assert!(c.load_snapshot(&a.snapshot()[..flag + 1]).is_err());
+    assert_eq!(c.state_hash(), before);
+    let mut flat = Trainer::new(
+        TrainConfig {
+            look_ahead: 0.0,
+            ..cfg
+        },
+        &[3; 32],
+        corpus(),
+        backend::cpu(),
+        id(0),
+    )
+    .unwrap();
+    assert!(flat.load_snapshot(&a.snapshot()).is_err());
+    // A checkpoint restarts a run where every member starts fresh: with
+    // nothing to look from.
+    let dir = std::env::temp_dir().join(format!("cohort-look-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("member.ckpt");
+    a.save(&path).unwrap();
+    let mut r = Trainer::new(cfg, &[3; 32], corpus(), backend::cpu(), id(0)).unwrap();
+    r.restore(&path).unwrap();
+    assert_eq!(r.params().values, a.params().values);
+    assert_eq!(r.ahead_weights().values, r.params().values);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

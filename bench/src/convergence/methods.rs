@@ -191,6 +191,10 @@ impl Setting {
                 lr: self.lr(p.lr),
                 weight_decay: self.weight_decay,
                 adaptive_beta2: self.adaptive_beta2,
+                // `shared` is the rule as logged before the recipe looked
+                // ahead; `sharedlook<P>` runs the look-ahead in this
+                // bench's loop, which a test holds to the engine's.
+                look_ahead: 0.0,
                 batch: self.batch,
                 micro_batch: self.batch,
             },
@@ -591,6 +595,33 @@ mod tests {
             bits(&run_on(look, Schedule::Lockstep)),
             bits(&run_on(kept, Schedule::Lockstep))
         );
+    }
+
+    #[test]
+    fn the_loop_looking_ahead_by_the_whole_last_update_is_the_job_recipe_bit_for_bit() {
+        let corpus = Corpus::bundled().unwrap();
+        let look = run(Method::SharedLook(100));
+        let s = setting();
+        let p = Point {
+            method: Method::Shared,
+            lr: 3e-3,
+            momentum: 0.99,
+            seed: 0,
+            schedule: Schedule::OneStepStale,
+        };
+        let mut cfg = s.run_config(&p);
+        cfg.train.look_ahead = TrainConfig::small(1).look_ahead;
+        assert_eq!(cfg.train.look_ahead, 1.0);
+        let engines = (0..cfg.members).map(|_| backend::cpu()).collect();
+        let engine =
+            runner::run_scheduled(&cfg, Schedule::OneStepStale, &corpus, engines, |_| {}).unwrap();
+        let engine: Vec<(u32, u32)> = engine
+            .val_curve
+            .iter()
+            .map(|(s, l)| (*s, l.to_bits()))
+            .collect();
+        assert_eq!(engine, bits(&look));
+        assert_eq!(engine.len(), 2);
     }
 
     #[test]

@@ -156,10 +156,12 @@ pub(crate) struct Guard {
     keys: Vec<[u8; 32]>,
     /// Payload hashes applied per step: the screen's memory of recent steps.
     pub(crate) recent: Recent,
-    /// Weights after s updates, for the last few s (witnesses only). The
-    /// node computes step t on the weights after t-1 updates (pipelining),
-    /// so that is what an audit of step t recomputes on; see
-    /// [`Guard::computed_on`] for the first two steps of a run.
+    /// What the state after s updates computes the next step on, for the
+    /// last few s (witnesses only): its weights, extrapolated under a
+    /// look-ahead recipe ([`Trainer::ahead_weights`]). The node computes
+    /// step t on the state after t-1 updates (pipelining), so that is what
+    /// an audit of step t recomputes on; see [`Guard::computed_on`] for the
+    /// first two steps of a run.
     weights_at: BTreeMap<u32, ParamSet>,
     /// The step this run started fresh at (every member computes its first
     /// two steps on the same weights there), or None for a member that
@@ -242,7 +244,7 @@ impl Guard {
         self.opened.retain(|(s, _)| *s < t.step());
         self.kept.retain(|s, _| *s < t.step());
         self.commitments.retain(|s, _| *s < t.step());
-        self.weights_at.insert(t.step(), t.params().clone());
+        self.weights_at.insert(t.step(), t.ahead_weights());
         // The newest `KEEP_WEIGHTS` steps stay (an audit of any of them may
         // still open), and so do older ones a pending audit pins: a witness
         // that falls behind audits late, it never drops the audit. (Evicting

@@ -325,7 +325,7 @@ impl Attacker {
         // The forger commits to (and reveals) a momentum made up so its
         // flipped payload recomputes exactly.
         let forged = if mode == Mode::ForgedMomentum {
-            let (_, g) = trainer.member_gradients(&cfg.seed, cfg.epoch, step, trainer.id.index)?;
+            let (_, g) = trainer.gradients_for(&cfg.seed, cfg.epoch, step)?;
             Some(adversary::forged_momentum(
                 trainer.momentum(),
                 &g,

@@ -605,9 +605,11 @@ impl Net {
             relayed_redial: HashMap::new(),
             payloads: HashMap::new(),
             partial: HashMap::new(),
-            // The weights and the shared second moment, 4 bytes each, and
+            // The weights, the shared second moment and (under a look-ahead
+            // recipe) the weights before the last update, 4 bytes each, and
             // room for the screen's memory of recent payload hashes.
-            state_cap: 8 * numel + (16 << 20),
+            state_cap: crate::trainer::Trainer::floats_in_state(&cfg.train) * 4 * numel
+                + (16 << 20),
             momentum_len: 4 * numel,
             manifests_raw: BTreeMap::new(),
             ranked_raw: HashMap::new(),
