@@ -15,10 +15,7 @@ use thiserror::Error;
 /// 2 (2026-12-05): the shared rule became the recipe, and a payload's
 /// identity under it (`audit::payload_hash`, which audit coins and evidence
 /// ids hash) covers its sign bits only.
-/// 3 (2026-12-06): the look-ahead (`TrainConfig::look_ahead`): a contribution
-/// computed one step ahead takes its gradient on the weights extrapolated by
-/// the last update, and the shared state carries the weights before it.
-pub const RECIPE_VERSION: u32 = 3;
+pub const RECIPE_VERSION: u32 = 2;
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum RecipeError {

@@ -59,24 +59,23 @@ impl TrainConfig {
             },
             weight_decay: 0.1,
             adaptive_beta2: 0.0,
-            // `cohort-bench convergence`'s `sharedlook100`: on the one-step-
-            // stale schedule it closed most of the gap to lock-step AdamW
-            // that staleness costs the shared rule (docs/engine.md).
-            look_ahead: 1.0,
+            // Not yet: `cohort-bench convergence`'s `sharedlook100` (γ = 1)
+            // closed most of the gap to lock-step AdamW that staleness costs
+            // the shared rule at batch 8, but with it on the 8-process P2P
+            // run stalls (docs/engine.md).
+            look_ahead: 0.0,
             batch: 8,
             micro_batch: 8,
         }
     }
 
     /// The job recipe before the shared rule (recipe version 1): each
-    /// member's top-4 per chunk with their indices, decay 0.9, lr 2e-3, no
-    /// look-ahead. Kept for the top-k tests and the adversary bench's
-    /// published tables.
+    /// member's top-4 per chunk with their indices, decay 0.9, lr 2e-3.
+    /// Kept for the top-k tests and the adversary bench's published tables.
     pub fn top_k(total_steps: u32) -> Self {
         let mut t = Self::small(total_steps);
         t.compress = CompressConfig::default();
         t.lr.base = 2e-3;
-        t.look_ahead = 0.0;
         t
     }
 }

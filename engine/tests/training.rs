@@ -331,8 +331,10 @@ fn bits(g: &[Vec<f32>]) -> Vec<u32> {
 #[test]
 fn a_contribution_computed_one_step_ahead_takes_its_gradient_on_the_weights_extrapolated_by_the_last_update()
  {
-    let cfg = TrainConfig::small(10);
-    assert_eq!(cfg.look_ahead, 1.0, "the job recipe looks ahead");
+    let cfg = TrainConfig {
+        look_ahead: 1.0,
+        ..TrainConfig::small(10)
+    };
     let seed = [4; 32];
     let mut a = Trainer::new(cfg, &[3; 32], corpus(), backend::cpu(), id(0)).unwrap();
     // Before any update there is nothing to look from: one step ahead is
@@ -386,7 +388,10 @@ fn a_contribution_computed_one_step_ahead_takes_its_gradient_on_the_weights_extr
 
 #[test]
 fn the_shared_state_carries_the_weights_before_the_last_update_and_a_checkpoint_does_not() {
-    let cfg = TrainConfig::small(10);
+    let cfg = TrainConfig {
+        look_ahead: 1.0,
+        ..TrainConfig::small(10)
+    };
     let seed = [4; 32];
     let mut a = Trainer::new(cfg, &[3; 32], corpus(), backend::cpu(), id(0)).unwrap();
     let fresh = a.snapshot();

@@ -51,6 +51,22 @@ pub enum Method {
 }
 
 impl Method {
+    /// The method that runs the job recipe's rule ([`TrainConfig::small`]):
+    /// the shared rule, with its look-ahead if the recipe has one.
+    pub fn recipe() -> Method {
+        let look = TrainConfig::small(1).look_ahead;
+        if look > 0.0 {
+            Method::SharedLook((look * 100.0).round() as u8)
+        } else {
+            Method::Shared
+        }
+    }
+
+    /// A look-ahead of the shared rule: run at the shared rule's best point.
+    pub fn looks_ahead(self) -> bool {
+        matches!(self, Method::SharedLook(_))
+    }
+
     pub const ALL: [Method; 4] = [
         Method::AdamW,
         Method::SignSgd,
@@ -71,20 +87,28 @@ impl Method {
         }
     }
 
-    pub fn label(self) -> &'static str {
+    pub fn label(self) -> String {
         match self {
-            Method::AdamW => "dense AdamW",
-            Method::SignSgd => "dense sign-SGD",
-            Method::Cohort => "Cohort top-k signs",
-            Method::Shared => "Cohort shared random-k signs",
-            Method::TopAgg(_) => "Cohort, votes cut to the top K per chunk",
-            Method::SharedAgg { sign: false } => "Cohort shared signs, through the bench's loop",
+            Method::AdamW => "dense AdamW".into(),
+            Method::SignSgd => "dense sign-SGD".into(),
+            Method::Cohort => "Cohort top-k signs".into(),
+            Method::Shared => "Cohort shared random-k signs".into(),
+            Method::TopAgg(_) => "Cohort, votes cut to the top K per chunk".into(),
+            Method::SharedAgg { sign: false } => {
+                "Cohort shared signs, through the bench's loop".into()
+            }
             Method::SharedAgg { sign: true } => {
-                "Cohort shared signs, summed votes cut to their sign"
+                "Cohort shared signs, summed votes cut to their sign".into()
             }
-            Method::SharedLook(_) => {
-                "Cohort shared signs, gradients on weights extrapolated by the last update"
-            }
+            Method::SharedLook(p) => format!(
+                "Cohort shared signs, look-ahead {}{} (at the shared rule's best point)",
+                p as f32 / 100.0,
+                if self == Method::recipe() {
+                    ", the job recipe"
+                } else {
+                    ""
+                }
+            ),
         }
     }
 
@@ -191,8 +215,8 @@ impl Setting {
                 lr: self.lr(p.lr),
                 weight_decay: self.weight_decay,
                 adaptive_beta2: self.adaptive_beta2,
-                // `shared` is the rule as logged before the recipe looked
-                // ahead; `sharedlook<P>` runs the look-ahead in this
+                // `shared` is the shared rule without the look-ahead, as
+                // logged; `sharedlook<P>` runs the look-ahead in this
                 // bench's loop, which a test holds to the engine's.
                 look_ahead: 0.0,
                 batch: self.batch,
@@ -251,11 +275,13 @@ pub fn wire_bytes(model: &ModelConfig, select: Select, k: usize) -> f64 {
 }
 
 impl Method {
-    /// The engine rule this method runs, if it runs one through the wire.
+    /// The engine rule this method runs, if it runs one through the wire
+    /// (the look-ahead is the job recipe's, whose contributions the wire
+    /// carries as the shared rule's).
     pub fn select(self) -> Option<Select> {
         match self {
             Method::Cohort => Some(Select::TopK),
-            Method::Shared => Some(Select::Shared),
+            Method::Shared | Method::SharedLook(_) => Some(Select::Shared),
             _ => None,
         }
     }
@@ -598,7 +624,7 @@ mod tests {
     }
 
     #[test]
-    fn the_loop_looking_ahead_by_the_whole_last_update_is_the_job_recipe_bit_for_bit() {
+    fn the_loop_looking_ahead_by_the_whole_last_update_is_the_engines_look_ahead_bit_for_bit() {
         let corpus = Corpus::bundled().unwrap();
         let look = run(Method::SharedLook(100));
         let s = setting();
@@ -610,8 +636,7 @@ mod tests {
             schedule: Schedule::OneStepStale,
         };
         let mut cfg = s.run_config(&p);
-        cfg.train.look_ahead = TrainConfig::small(1).look_ahead;
-        assert_eq!(cfg.train.look_ahead, 1.0);
+        cfg.train.look_ahead = 1.0;
         let engines = (0..cfg.members).map(|_| backend::cpu()).collect();
         let engine =
             runner::run_scheduled(&cfg, Schedule::OneStepStale, &corpus, engines, |_| {}).unwrap();

@@ -15,6 +15,7 @@ use cohort_engine::compress::{Decode, Select};
 use cohort_engine::data::Corpus;
 use cohort_engine::model::ModelConfig;
 use cohort_engine::runner::Schedule;
+use cohort_engine::wire;
 use methods::{Method, Point, Setting, schedule_key};
 use runs::Record;
 use std::collections::{BTreeMap, HashMap};
@@ -54,7 +55,13 @@ struct Plan {
 }
 
 impl Plan {
+    /// The grid `m` is tuned over: the sweep's, except that a look-ahead
+    /// of the shared rule is run at the shared rule's best point only (it
+    /// is tuned less than AdamW, never more).
     fn grid(&self, m: Method) -> Vec<Point> {
+        if m.looks_ahead() {
+            return Vec::new();
+        }
         let mut out = Vec::new();
         for &lr in &self.lrs {
             for &momentum in &self.momenta {
@@ -75,6 +82,9 @@ impl Plan {
     /// The grid point with the lowest mean final loss over the grid seeds,
     /// once every run of the grid is in.
     fn best(&self, m: Method, done: &HashMap<String, Record>) -> Option<(f32, f32)> {
+        if m.looks_ahead() {
+            return self.best(Method::Shared, done);
+        }
         let mut best: Option<((f32, f32), f64)> = None;
         for &lr in &self.lrs {
             for &momentum in &self.momenta {
@@ -189,7 +199,15 @@ pub fn run(raw: &[String]) -> Result<()> {
     };
     let plan = Plan {
         methods: list::<String>(
-            &args.get("methods", "adamw,sign,cohort,shared".to_string())?,
+            &args.get("methods", {
+                // The job recipe's rule joins the four when it is not the
+                // shared rule itself.
+                let mut m = "adamw,sign,cohort,shared".to_string();
+                if Method::recipe() != Method::Shared {
+                    m = format!("{m},{}", Method::recipe().key());
+                }
+                m
+            })?,
             "methods",
         )?
         .iter()
@@ -449,6 +467,12 @@ fn publish(plan: &Plan, done: &HashMap<String, Record>) -> Result<()> {
         bail!("the report compares against AdamW: include it in --methods");
     };
     let base = spread(&adamw.finals()).0;
+    // The lock-step AdamW reference (a cluster's all-reduce): the stronger
+    // baseline on the same tokens, when the sweep ran it.
+    let lockstep = bests
+        .iter()
+        .find(|b| b.method == Method::AdamW && b.schedule == Schedule::Lockstep);
+    let lock_base = lockstep.map(|l| spread(&l.finals()).0);
     let horizons: Vec<u32> = [s.steps / 4, s.steps / 2, 3 * s.steps / 4, s.steps]
         .into_iter()
         .filter(|h| h % s.eval_every == 0 || *h == s.steps)
@@ -492,12 +516,17 @@ fn publish(plan: &Plan, done: &HashMap<String, Record>) -> Result<()> {
     );
     let _ = write!(
         md,
-        "| method | best lr | best momentum | final val loss, mean (min–max) | ratio to best AdamW |{} bytes sent / member / step | compression vs fp32 | tokens/s |\n|---|---|---|---|---|{}---|---|---|\n",
+        "| method | best lr | best momentum | final val loss, mean (min–max) | ratio to best AdamW |{}{} bytes sent / member / step | compression vs fp32 | tokens/s |\n|---|---|---|---|---|{}---|---|---|\n",
+        if lock_base.is_some() {
+            " ÷ lock-step AdamW |"
+        } else {
+            ""
+        },
         horizons
             .iter()
             .map(|h| format!(" ratio at step {h} |"))
             .collect::<String>(),
-        "---|".repeat(horizons.len())
+        "---|".repeat(horizons.len() + lock_base.is_some() as usize)
     );
     let mut f = Figures::default();
     f.text("arch", &s.model.arch())
@@ -529,11 +558,12 @@ fn publish(plan: &Plan, done: &HashMap<String, Record>) -> Result<()> {
         .0;
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {mean:.4} ({min:.4}–{max:.4}) | {:.3} |{} {} | {:.0}x | {tps:.0} |",
+            "| {} | {} | {} | {mean:.4} ({min:.4}–{max:.4}) | {:.3} |{}{} {} | {:.0}x | {tps:.0} |",
             b.label(),
             b.lr,
             b.momentum,
             mean / base,
+            lock_base.map_or(String::new(), |l| format!(" {:.3} |", mean / l)),
             horizons
                 .iter()
                 .map(|h| format!(" {:.3} |", b.mean_at(*h) / adamw.mean_at(*h)))
@@ -560,18 +590,40 @@ fn publish(plan: &Plan, done: &HashMap<String, Record>) -> Result<()> {
                 b.mean_at(*h) / adamw.mean_at(*h),
             );
         }
+        if let (Some(l), Some(lb)) = (lockstep, lock_base) {
+            f.num(&format!("{k}_loss_ratio_to_lockstep_adamw"), mean / lb);
+            for h in &horizons {
+                f.num(
+                    &format!("{k}_loss_ratio_to_lockstep_adamw_at_{h}"),
+                    b.mean_at(*h) / l.mean_at(*h),
+                );
+            }
+        }
     }
-    // The goal is judged on the job recipe's rule: the shared one.
-    if let Some(c) = bests.iter().find(|b| b.method == Method::Shared) {
-        let ratio = spread(&c.finals()).0 / base;
+    // The goal is judged on the job recipe's rule, against the best AdamW
+    // on the same tokens: the lock-step one where the sweep ran it (it
+    // beats the stale one), so the goal cannot be met by weakening the
+    // baseline.
+    if let Some(c) = bests.iter().find(|b| b.method == Method::recipe()) {
+        let mean = spread(&c.finals()).0;
+        let best_adamw = lock_base.map_or(base, |l| l.min(base));
+        let ratio = mean / best_adamw;
         let compression = dense_bytes / methods::wire_bytes(&s.model, Select::Shared, s.shared_k);
+        f.num("goal_loss_ratio", ratio)
+            .num("goal_compression", compression);
         let _ = writeln!(
             md,
-            "\nGoals (the issue \"Compressed training that keeps pace with AdamW\"): compression ≥ 1000x — {compression:.0}x, header included ({}); the job recipe's (the shared rule's) mean final loss ≤ 1.05 × the best-tuned AdamW's — {ratio:.3} ({}).",
+            "\nGoals (the issue \"Compressed training that keeps pace with AdamW\"), judged on the job recipe's rule ({}): compression ≥ 1000x — {compression:.0}x, header included ({}); mean final loss ≤ 1.05 × the best-tuned AdamW's on the same tokens{} — {ratio:.3} ({}).",
+            c.label(),
             if compression >= 1000.0 {
                 "met"
             } else {
                 "not met"
+            },
+            if lock_base.is_some() {
+                " (the better of AdamW on this schedule and lock-step AdamW)"
+            } else {
+                " on this schedule"
             },
             if ratio <= 1.05 { "met" } else { "not met" },
         );
@@ -581,7 +633,7 @@ fn publish(plan: &Plan, done: &HashMap<String, Record>) -> Result<()> {
         "\nThe grid (final validation loss, mean over {} seed(s)), every method on the same points:\n\n| method | lr | momentum | final val loss |\n|---|---|---|---|\n",
         plan.grid_seeds
     );
-    for &m in &plan.methods {
+    for &m in plan.methods.iter().filter(|m| !m.looks_ahead()) {
         let best = plan.best(m, done).expect("complete");
         for &lr in &plan.lrs {
             for &momentum in &plan.momenta {
@@ -736,7 +788,8 @@ fn tried(
         );
     }
     if candidates {
-        md.push_str(
+        let _ = write!(
+            md,
             "\nRules beside Cohort's top-k: *shared* — the engine's shared rule (`Select::Shared`): \
              every member sends the signs of the same DCT coefficients per chunk, drawn from the \
              job and step, so a coefficient costs one bit and no index, and all members vote on \
@@ -749,11 +802,16 @@ fn tried(
              vote, is the shared rule bit for bit); *sharedlookP* — the shared rule through the \
              same loop with each gradient computed on the weights extrapolated by P% of the last \
              applied update (`w + P/100 · (w − w_prev)`), a guess at the weights the one-step-stale \
-             gradient will be applied to. The bytes of *sharedk*, *topagg*, *sharedagg*, *signagg* \
-             and *sharedlookP* count \
-             the payload alone, as each run logged it; Cohort's and *shared*'s count one encoded \
-             contribution in today's wire format (version 4), its 148-byte header included and \
-             its 64-byte signature not, and the dense methods' their fp32 gradient.\n",
+             gradient will be applied to, run at the shared rule's best point; the engine's \
+             `TrainConfig::look_ahead` at P/100, bit for bit (a test holds it to that; not yet \
+             the job recipe's default). The bytes of *sharedk*, *topagg*, *sharedagg* and *signagg* \
+             count \
+             the payload alone, as each run logged it; Cohort's, *shared*'s and *sharedlookP*'s count one encoded \
+             contribution in today's wire format (version {}), its {}-byte header included and \
+             its {}-byte signature not, and the dense methods' their fp32 gradient.\n",
+            wire::VERSION,
+            wire::HEADER_LEN,
+            wire::SIGNATURE_LEN,
         );
     }
 }
