@@ -610,11 +610,7 @@ pub(crate) fn train_loop(
                     member: cfg.me,
                     payload_hash: *blake3::hash(&bytes).as_bytes(),
                     momentum_hash: c.momentum_hash,
-                    basis: if cfg.defence.adversary == Some(Mode::ForeignBasis) {
-                        adversary::FOREIGN_BASIS
-                    } else {
-                        c.basis
-                    },
+                    basis: c.basis,
                     len: bytes.len() as u32,
                     produced_us: now_us(),
                 };

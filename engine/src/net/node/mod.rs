@@ -341,13 +341,6 @@ impl Net {
                     // The lying leader also equivocates: a second signed
                     // manifest for the same attempt, without its own entry.
                     let mut twin = None;
-                    if self.cfg.defence.adversary == Some(Mode::ForeignBasis)
-                        && let Some(root) = self.own_root(m.step)
-                        && !m.entries.iter().any(|(who, _)| *who == self.cfg.me)
-                    {
-                        m.entries.push((self.cfg.me, root));
-                        m.entries.sort_by_key(|(who, _)| *who);
-                    }
                     if self.cfg.defence.adversary == Some(Mode::LyingLeader) {
                         self.lie(&mut m);
                         let mut t = m.clone();
@@ -836,7 +829,8 @@ impl Net {
                 self.payloads.insert(announce.payload_hash, bytes);
                 let now = self.now();
                 self.machine.on_local(now, &announce);
-                self.publish(msg::sign(&Body::Announce(announce), &self.key));
+                let shown = self.shown(announce);
+                self.publish(msg::sign(&Body::Announce(shown), &self.key));
                 self.drive();
             }
             // Sent before the trainer saw the latest rewind: its state is
@@ -1044,6 +1038,19 @@ impl Net {
         self.retry_reveals();
         self.drive();
         self.may_leave(life.linger)
+    }
+
+    /// What this node shows the network of its own announcement. The
+    /// foreign-basis adversary names a made-up state there, while its own
+    /// step machine holds the real one: so it lists itself when it leads,
+    /// and applies the very manifest it publishes. (Adding its entry to the
+    /// manifest after its machine took the manifest made it apply another
+    /// one than the network did, and stall.)
+    pub(super) fn shown(&self, mut announce: msg::Announce) -> msg::Announce {
+        if self.cfg.defence.adversary == Some(Mode::ForeignBasis) {
+            announce.basis = crate::adversary::FOREIGN_BASIS;
+        }
+        announce
     }
 
     /// A finished node leaves once every peer is done too, or after

@@ -627,15 +627,6 @@ impl Net {
         }
     }
 
-    /// The root of this node's own slices of `step`, once computed.
-    pub(super) fn own_root(&self, step: u32) -> Option<[u8; 32]> {
-        self.sharded
-            .as_ref()?
-            .roots
-            .get(&(step, self.cfg.me))
-            .copied()
-    }
-
     /// A member's announcement was taken by the step machine: its root is
     /// what its slices are checked against.
     pub(super) fn sharded_announce(&mut self, a: &Announce) {
@@ -872,7 +863,8 @@ impl Net {
                 };
                 net.machine.on_local(now, &announce);
                 let _ = net.machine.on_payload(now, announce.payload_hash);
-                net.publish(msg::sign(&Body::Announce(announce), &net.key));
+                let shown = net.shown(announce);
+                net.publish(msg::sign(&Body::Announce(shown), &net.key));
                 true
             }
             XAction::FetchSlice {
