@@ -15,7 +15,11 @@ use thiserror::Error;
 /// 2 (2026-12-05): the shared rule became the recipe, and a payload's
 /// identity under it (`audit::payload_hash`, which audit coins and evidence
 /// ids hash) covers its sign bits only.
-pub const RECIPE_VERSION: u32 = 2;
+/// 3 (2026-12-06): the look-ahead (`TrainConfig::look_ahead` = 1): a
+/// contribution computed one step ahead takes its gradient on the weights
+/// extrapolated by the last update, and the shared state carries the
+/// weights before it.
+pub const RECIPE_VERSION: u32 = 3;
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum RecipeError {
@@ -173,6 +177,9 @@ mod tests {
     fn a_job_trains_with_the_shared_rule_at_over_a_thousand_times_fewer_bytes_than_fp32() {
         let t = for_job(&bench_spec()).unwrap();
         assert_eq!((t.compress.select, t.compress.topk), (Select::Shared, 61));
+        // Computed one step ahead on the weights extrapolated by the whole
+        // last update (`cohort-bench convergence`'s `sharedlook100`).
+        assert_eq!(t.look_ahead, 1.0);
         let shapes: Vec<Vec<usize>> = t.model.shapes().into_iter().map(|(_, s)| s).collect();
         let layout = crate::compress::Layout::new(&shapes, &t.compress);
         let payload = crate::wire::payload_len(&layout);

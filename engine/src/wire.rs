@@ -28,10 +28,12 @@ use crate::error::EngineError;
 use cohort_program::codec::Reader;
 use libp2p::identity::ed25519;
 
-pub const VERSION: u8 = 4;
+/// 5 (2026-12-06): contributions of the look-ahead recipe (recipe 3),
+/// computed one step ahead on extrapolated weights; laid out as in 4.
+pub const VERSION: u8 = 5;
 /// Bytes the signature adds to a signed contribution.
 pub const SIGNATURE_LEN: usize = 64;
-const SIGN_DOMAIN: &[u8] = b"cohort-contribution-v4";
+const SIGN_DOMAIN: &[u8] = b"cohort-contribution-v5";
 const MAGIC: &[u8; 3] = b"CHC";
 /// Bytes of a contribution before its payload.
 pub const HEADER_LEN: usize = 3 + 1 + 32 + 4 + 4 + 32 + 4 + 32 + 32 + 4;
