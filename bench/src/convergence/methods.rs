@@ -101,10 +101,10 @@ impl Method {
                 "Cohort shared signs, summed votes cut to their sign".into()
             }
             Method::SharedLook(p) => format!(
-                "Cohort shared signs, look-ahead {}{} (at the shared rule's best point)",
+                "Cohort shared signs + look-ahead {} ({}at the shared rule's best point)",
                 p as f32 / 100.0,
                 if self == Method::recipe() {
-                    ", the job recipe"
+                    "the job recipe; "
                 } else {
                     ""
                 }
