@@ -70,12 +70,14 @@ impl TrainConfig {
     }
 
     /// The job recipe before the shared rule (recipe version 1): each
-    /// member's top-4 per chunk with their indices, decay 0.9, lr 2e-3.
-    /// Kept for the top-k tests and the adversary bench's published tables.
+    /// member's top-4 per chunk with their indices, decay 0.9, lr 2e-3, no
+    /// look-ahead. Kept for the top-k tests and the adversary bench's
+    /// published tables.
     pub fn top_k(total_steps: u32) -> Self {
         let mut t = Self::small(total_steps);
         t.compress = CompressConfig::default();
         t.lr.base = 2e-3;
+        t.look_ahead = 0.0;
         t
     }
 }

@@ -1,8 +1,8 @@
-//! Wire format of a contribution, version 4. Little-endian; every size exact.
+//! Wire format of a contribution, version 5 (laid out as 4; see `VERSION`). Little-endian; every size exact.
 //!
 //! ```text
 //! signed       := contribution | ed25519 signature [64] by `member` over
-//!                 "cohort-contribution-v4" | contribution
+//!                 "cohort-contribution-v5" | contribution
 //! contribution := magic "CHC" | version u8 | job [32] | epoch u32 | step u32
 //!                 | member [32] | train_loss f32 | momentum_hash [32]
 //!                 | basis [32] | payload_len u32 | payload

@@ -244,6 +244,11 @@ pub fn run(raw: &[String]) -> Result<()> {
         },
         setting,
     };
+    if plan.methods.iter().any(|m| m.looks_ahead()) && !plan.methods.contains(&Method::Shared) {
+        bail!(
+            "--methods: a look-ahead (sharedlook<P>) runs at the shared rule's best point; list `shared` too"
+        );
+    }
     if plan.grid_seeds == 0 || plan.seeds < plan.grid_seeds {
         bail!("--grid-seeds must be at least 1 and --seeds at least --grid-seeds");
     }
@@ -805,8 +810,8 @@ fn tried(
              same loop with each gradient computed on the weights extrapolated by P% of the last \
              applied update (`w + P/100 · (w − w_prev)`), a guess at the weights the one-step-stale \
              gradient will be applied to, run at the shared rule's best point; the engine's \
-             `TrainConfig::look_ahead` at P/100, bit for bit (a test holds it to that; not yet \
-             the job recipe's default). The bytes of *sharedk*, *topagg*, *sharedagg* and *signagg* \
+             `TrainConfig::look_ahead` at P/100, bit for bit (a test holds it to that), and at \
+             P = 100 the job recipe since recipe 3. The bytes of *sharedk*, *topagg*, *sharedagg* and *signagg* \
              count \
              the payload alone, as each run logged it; Cohort's, *shared*'s and *sharedlookP*'s count one encoded \
              contribution in today's wire format (version {}), its {}-byte header included and \
