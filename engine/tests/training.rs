@@ -324,6 +324,11 @@ fn backend_choice_is_explained() {
     assert!(e.contains("unknown backend `tpu`"), "{e}");
 }
 
+/// Member 0 of a job whose weights start from the same seed.
+fn member(cfg: TrainConfig) -> Trainer {
+    Trainer::new(cfg, &[3; 32], corpus(), backend::cpu(), id(0)).unwrap()
+}
+
 fn bits(g: &[Vec<f32>]) -> Vec<u32> {
     g.iter().flatten().map(|x| x.to_bits()).collect()
 }
@@ -336,7 +341,7 @@ fn a_contribution_computed_one_step_ahead_takes_its_gradient_on_the_weights_extr
         ..TrainConfig::small(10)
     };
     let seed = [4; 32];
-    let mut a = Trainer::new(cfg, &[3; 32], corpus(), backend::cpu(), id(0)).unwrap();
+    let mut a = member(cfg);
     // Before any update there is nothing to look from: one step ahead is
     // computed on the current weights.
     let w0 = a.params().clone();
@@ -366,17 +371,10 @@ fn a_contribution_computed_one_step_ahead_takes_its_gradient_on_the_weights_extr
         bits(&a.member_gradients(&seed, 0, 1, 0).unwrap().1)
     );
     // Without look-ahead one step ahead is the weights themselves.
-    let mut flat = Trainer::new(
-        TrainConfig {
-            look_ahead: 0.0,
-            ..cfg
-        },
-        &[3; 32],
-        corpus(),
-        backend::cpu(),
-        id(0),
-    )
-    .unwrap();
+    let mut flat = member(TrainConfig {
+        look_ahead: 0.0,
+        ..cfg
+    });
     let (c, _) = flat.compute(&seed, 0).unwrap();
     flat.apply(&[c]).unwrap();
     assert_eq!(flat.params().values, w1.values);
@@ -393,7 +391,7 @@ fn the_shared_state_carries_the_weights_before_the_last_update_and_a_checkpoint_
         ..TrainConfig::small(10)
     };
     let seed = [4; 32];
-    let mut a = Trainer::new(cfg, &[3; 32], corpus(), backend::cpu(), id(0)).unwrap();
+    let mut a = member(cfg);
     let fresh = a.snapshot();
     for _ in 0..2 {
         let (c, _) = a.compute(&seed, 0).unwrap();
@@ -401,14 +399,14 @@ fn the_shared_state_carries_the_weights_before_the_last_update_and_a_checkpoint_
     }
     // A joiner loading the state computes the next step as every member
     // does, and holds the same state.
-    let mut b = Trainer::new(cfg, &[3; 32], corpus(), backend::cpu(), id(0)).unwrap();
+    let mut b = member(cfg);
     b.load_snapshot(&a.snapshot()).unwrap();
     assert_eq!(b.state_hash(), a.state_hash());
     assert_eq!(b.ahead_weights().values, a.ahead_weights().values);
     assert_ne!(a.ahead_weights().values, a.params().values);
     // Another state before the last update is another state.
     assert_ne!(fresh, a.snapshot());
-    let mut c = Trainer::new(cfg, &[3; 32], corpus(), backend::cpu(), id(0)).unwrap();
+    let mut c = member(cfg);
     c.load_snapshot(&fresh).unwrap();
     assert_eq!(c.ahead_weights().values, c.params().values);
     // A flag byte that is neither 0 nor 1, a cut state, or a state of the
@@ -420,17 +418,10 @@ fn the_shared_state_carries_the_weights_before_the_last_update_and_a_checkpoint_
     assert!(c.load_snapshot(&bad).is_err());
     assert!(c.load_snapshot(&a.snapshot()[..flag + 1]).is_err());
     assert_eq!(c.state_hash(), before);
-    let mut flat = Trainer::new(
-        TrainConfig {
-            look_ahead: 0.0,
-            ..cfg
-        },
-        &[3; 32],
-        corpus(),
-        backend::cpu(),
-        id(0),
-    )
-    .unwrap();
+    let mut flat = member(TrainConfig {
+        look_ahead: 0.0,
+        ..cfg
+    });
     assert!(flat.load_snapshot(&a.snapshot()).is_err());
     // A checkpoint restarts a run where every member starts fresh: with
     // nothing to look from.
@@ -438,7 +429,7 @@ fn the_shared_state_carries_the_weights_before_the_last_update_and_a_checkpoint_
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("member.ckpt");
     a.save(&path).unwrap();
-    let mut r = Trainer::new(cfg, &[3; 32], corpus(), backend::cpu(), id(0)).unwrap();
+    let mut r = member(cfg);
     r.restore(&path).unwrap();
     assert_eq!(r.params().values, a.params().values);
     assert_eq!(r.ahead_weights().values, r.params().values);
