@@ -108,6 +108,63 @@ impl Plan {
         best.map(|(p, _)| p)
     }
 
+    /// The lock-step AdamW reference's tuning: the learning rate, at AdamW's
+    /// best β1 on the sweep's schedule, climbed along the grid's learning
+    /// rates (extended past both ends, `reference_ladder`) from AdamW's best
+    /// learning rate there: up while the loss falls, and down while it falls
+    /// when the first step up did not lower it. So the baseline is tuned at
+    /// least as far as the grid tunes the compressed rule. Returns the runs the
+    /// climb has named so far, and its best point once the climb has ended
+    /// (`None` while a named run is missing).
+    fn reference(&self, done: &HashMap<String, Record>) -> (Vec<Point>, Option<(f32, f32)>) {
+        let mut named = Vec::new();
+        let Some((start_lr, beta1)) = self.best(Method::AdamW, done) else {
+            return (named, None);
+        };
+        let lrs = reference_ladder(&self.lrs);
+        let start = lrs
+            .iter()
+            .position(|&lr| lr == start_lr)
+            .expect("AdamW's best point is on the grid");
+        // The mean over the grid seeds at `lrs[i]`, naming its runs.
+        let loss = |i: usize, named: &mut Vec<Point>| -> Option<f64> {
+            let points: Vec<Point> = (0..self.grid_seeds)
+                .map(|seed| Point {
+                    method: Method::AdamW,
+                    lr: lrs[i],
+                    momentum: beta1,
+                    seed,
+                    schedule: Schedule::Lockstep,
+                })
+                .collect();
+            named.extend(points.iter().copied());
+            let mut sum = 0.0;
+            for p in &points {
+                sum += done.get(&runs::key(&self.setting, p))?.final_val_loss;
+            }
+            Some(sum / self.grid_seeds as f64)
+        };
+        let Some(at_start) = loss(start, &mut named) else {
+            return (named, None);
+        };
+        let mut best = (start, at_start);
+        let up: Vec<usize> = (start + 1..lrs.len()).collect();
+        let down: Vec<usize> = (0..start).rev().collect();
+        for (direction, only_if_still_at_start) in [(up, false), (down, true)] {
+            if only_if_still_at_start && best.0 != start {
+                break;
+            }
+            for i in direction {
+                match loss(i, &mut named) {
+                    None => return (named, None),
+                    Some(l) if l < best.1 => best = (i, l),
+                    Some(_) => break,
+                }
+            }
+        }
+        (named, Some((lrs[best.0], beta1)))
+    }
+
     fn seeded(&self, m: Method, (lr, momentum): (f32, f32), schedule: Schedule) -> Vec<Point> {
         (0..self.seeds)
             .map(|seed| Point {
@@ -132,7 +189,12 @@ impl Plan {
                 Some(best) => {
                     out.extend(self.seeded(m, best, self.schedule));
                     if self.reference && m == Method::AdamW && self.schedule != Schedule::Lockstep {
-                        out.extend(self.seeded(m, best, Schedule::Lockstep));
+                        let (climb, tuned) = self.reference(done);
+                        out.extend(climb);
+                        match tuned {
+                            Some(tuned) => out.extend(self.seeded(m, tuned, Schedule::Lockstep)),
+                            None => complete = false,
+                        }
                     }
                 }
                 None => complete = false,
@@ -441,6 +503,25 @@ impl Best {
     }
 }
 
+/// The learning rates the lock-step reference may climb: the grid's, plus
+/// two more past each end at the grid's ratio there (three when the grid has
+/// one learning rate), to two significant digits. A reference whose best
+/// sits at the grid's edge is thereby tuned past it.
+fn reference_ladder(grid: &[f32]) -> Vec<f32> {
+    let mut lrs = grid.to_vec();
+    lrs.sort_by(|a, b| a.total_cmp(b));
+    lrs.dedup();
+    let round = |x: f32| -> f32 { format!("{x:.1e}").parse().expect("a float") };
+    let (lo, hi) = (lrs[0], lrs[lrs.len() - 1]);
+    let (down, up) = match lrs.len() {
+        1 => (3.0, 3.0),
+        n => (lrs[1] / lo, hi / lrs[n - 2]),
+    };
+    let below = [round(lo / down / down), round(lo / down)];
+    let above = [round(hi * up), round(hi * up * up)];
+    below.into_iter().chain(lrs).chain(above).collect()
+}
+
 fn publish(plan: &Plan, done: &HashMap<String, Record>) -> Result<()> {
     let s = &plan.setting;
     let get = |p: &Point| done.get(&runs::key(s, p)).cloned();
@@ -452,6 +533,11 @@ fn publish(plan: &Plan, done: &HashMap<String, Record>) -> Result<()> {
             schedules.push(Schedule::Lockstep);
         }
         for sch in schedules {
+            let point = if sch == plan.schedule {
+                point
+            } else {
+                plan.reference(done).1.expect("the sweep is complete")
+            };
             bests.push(Best {
                 method: m,
                 schedule: sch,
@@ -487,7 +573,7 @@ fn publish(plan: &Plan, done: &HashMap<String, Record>) -> Result<()> {
     let mut md = String::new();
     let _ = writeln!(
         md,
-        "## Convergence{}\n\n`cargo run --release -p cohort-bench -- convergence{}` — {} ({} parameters), {} members, batch {} x {} bytes per member per step, {} steps ({} tokens), bundled KJV corpus (validation: {} fixed held-out windows). Every method is tuned over the same grid, learning rate {:?} × momentum {:?} (AdamW's β1; the momentum decay of sign-SGD and of Cohort's members), on {} seed(s); its best point is then run on {} seeds (each seed draws other initial weights and other batches). Schedule: {} (each gradient is computed on the weights before the previous step's update, as the P2P node pipelines). Peak learning rate with warm-up, then cosine to 10%; weight decay 0.1; Cohort: 64x64 DCT chunks, top-{} per chunk, decoder `{:?}`, adaptive β2 {}.\n",
+        "## Convergence{}\n\n`cargo run --release -p cohort-bench -- convergence{}` — {} ({} parameters), {} members, batch {} x {} bytes per member per step, {} steps ({} tokens), bundled KJV corpus (validation: {} fixed held-out windows). Every method is tuned over the same grid, learning rate {:?} × momentum {:?} (AdamW's β1; the momentum decay of sign-SGD and of Cohort's members), on {} seed(s); its best point is then run on {} seeds (each seed draws other initial weights and other batches).{} Schedule: {} (each gradient is computed on the weights before the previous step's update, as the P2P node pipelines). Peak learning rate with warm-up, then cosine to 10%; weight decay 0.1; Cohort: 64x64 DCT chunks, top-{} per chunk, decoder `{:?}`, adaptive β2 {}.\n",
         if plan.name == "convergence" {
             String::new()
         } else {
@@ -510,6 +596,11 @@ fn publish(plan: &Plan, done: &HashMap<String, Record>) -> Result<()> {
         plan.momenta,
         plan.grid_seeds,
         plan.seeds,
+        if lock_base.is_some() {
+            " The lock-step AdamW reference is tuned by learning rate at AdamW's best β1: climbed along the grid's learning rates, extended by two steps of the grid's ratio past each end, from AdamW's best learning rate, up while the loss falls, and down while it falls when the first step up did not lower it (its runs are in the grid table)."
+        } else {
+            ""
+        },
         if plan.schedule == Schedule::OneStepStale {
             "one step stale"
         } else {
@@ -663,6 +754,28 @@ fn publish(plan: &Plan, done: &HashMap<String, Record>) -> Result<()> {
                     m.label()
                 );
             }
+        }
+    }
+    if lock_base.is_some() {
+        let (climb, tuned) = plan.reference(done);
+        let tuned = tuned.expect("complete");
+        let mut lrs: Vec<f32> = climb.iter().map(|p| p.lr).collect();
+        lrs.sort_by(|a, b| a.total_cmp(b));
+        lrs.dedup();
+        for lr in lrs {
+            let v: Vec<f64> = climb
+                .iter()
+                .filter(|p| p.lr == lr)
+                .map(|p| get(p).expect("complete").final_val_loss)
+                .collect();
+            let mean = spread(&v).0;
+            let mark = if lr == tuned.0 { "**" } else { "" };
+            let _ = writeln!(
+                md,
+                "| {} (lock-step reference) | {lr} | {} | {mark}{mean:.4}{mark} |",
+                Method::AdamW.label(),
+                tuned.1
+            );
         }
     }
     tried(&mut md, s, plan.schedule, base, done);
@@ -880,7 +993,161 @@ fn figure(bests: &[Best], adamw: &[(f64, f64, f64, f64)], steps: u32) -> Result<
 
 #[cfg(test)]
 mod tests {
-    use super::key_fields;
+    use super::{HashMap, Method, Plan, Point, Record, Schedule, Setting, key_fields, runs};
+    use cohort_engine::compress::Decode;
+    use cohort_engine::model::ModelConfig;
+
+    fn plan() -> Plan {
+        Plan {
+            setting: Setting {
+                model: ModelConfig::parse("gpt l2 d128 h4 s64").unwrap(),
+                members: 4,
+                batch: 8,
+                steps: 2000,
+                topk: 4,
+                shared_k: 61,
+                decode: Decode::Sign,
+                adaptive_beta2: 0.0,
+                weight_decay: 0.1,
+                eval_windows: 64,
+                eval_every: 250,
+            },
+            methods: vec![Method::AdamW],
+            lrs: vec![0.003, 0.0003, 0.01, 0.001],
+            momenta: vec![0.9, 0.99],
+            grid_seeds: 1,
+            seeds: 3,
+            schedule: Schedule::OneStepStale,
+            reference: true,
+            name: "convergence".into(),
+        }
+    }
+
+    fn record(
+        plan: &Plan,
+        done: &mut HashMap<String, Record>,
+        lr: f32,
+        m: f32,
+        s: Schedule,
+        loss: f64,
+    ) {
+        let key = runs::key(
+            &plan.setting,
+            &Point {
+                method: Method::AdamW,
+                lr,
+                momentum: m,
+                seed: 0,
+                schedule: s,
+            },
+        );
+        done.insert(
+            key.clone(),
+            Record {
+                key,
+                final_val_loss: loss,
+                curve: Vec::new(),
+                bytes_per_member_step: 0.0,
+                tokens_per_sec: 0.0,
+            },
+        );
+    }
+
+    /// The stale grid, with its best point at lr 0.001 and β1 0.9.
+    fn stale_grid(plan: &Plan) -> HashMap<String, Record> {
+        let mut done = HashMap::new();
+        for (lr, loss) in [(0.0003, 2.0), (0.001, 1.5), (0.003, 1.6), (0.01, 1.8)] {
+            record(plan, &mut done, lr, 0.9, Schedule::OneStepStale, loss);
+            record(
+                plan,
+                &mut done,
+                lr,
+                0.99,
+                Schedule::OneStepStale,
+                loss + 0.5,
+            );
+        }
+        done
+    }
+
+    fn lrs(named: &[Point]) -> Vec<f32> {
+        assert!(
+            named
+                .iter()
+                .all(|p| p.schedule == Schedule::Lockstep && p.momentum == 0.9)
+        );
+        named.iter().map(|p| p.lr).collect()
+    }
+
+    #[test]
+    fn the_lock_step_reference_climbs_up_the_learning_rates_while_the_loss_falls() {
+        let plan = plan();
+        let mut done = stale_grid(&plan);
+        let lock = Schedule::Lockstep;
+        assert_eq!(lrs(&plan.reference(&done).0), [0.001]);
+        assert_eq!(plan.reference(&done).1, None);
+        assert!(!plan.runs(&done).1, "the sweep waits for the climb");
+        record(&plan, &mut done, 0.001, 0.9, lock, 1.40);
+        assert_eq!(lrs(&plan.reference(&done).0), [0.001, 0.003]);
+        record(&plan, &mut done, 0.003, 0.9, lock, 1.35);
+        assert_eq!(plan.reference(&done).1, None);
+        record(&plan, &mut done, 0.01, 0.9, lock, 1.30);
+        // Past the grid's top, at its ratio there.
+        assert_eq!(lrs(&plan.reference(&done).0), [0.001, 0.003, 0.01, 0.033]);
+        record(&plan, &mut done, 0.033, 0.9, lock, 1.50);
+        let (named, tuned) = plan.reference(&done);
+        // A step up lowered the loss, so the climb never goes down.
+        assert_eq!(lrs(&named), [0.001, 0.003, 0.01, 0.033]);
+        assert_eq!(tuned, Some((0.01, 0.9)));
+        let (runs, complete) = plan.runs(&done);
+        assert!(complete);
+        let seeds: Vec<u32> = runs
+            .iter()
+            .filter(|p| p.schedule == lock && p.lr == 0.01)
+            .map(|p| p.seed)
+            .collect();
+        assert_eq!(
+            seeds,
+            [0, 1, 2],
+            "the tuned point's seeds, the climb's run among them"
+        );
+        assert!(!runs.iter().any(|p| p.schedule == lock && p.lr == 0.0003));
+    }
+
+    #[test]
+    fn the_reference_s_ladder_extends_the_grid_by_two_steps_of_its_ratio_past_each_end() {
+        assert_eq!(
+            super::reference_ladder(&[0.003, 0.0003, 0.001]),
+            [0.000027, 0.00009, 0.0003, 0.001, 0.003, 0.009, 0.027]
+        );
+        assert_eq!(
+            super::reference_ladder(&[0.001]),
+            [0.00011, 0.00033, 0.001, 0.003, 0.009]
+        );
+    }
+
+    #[test]
+    fn the_lock_step_reference_climbs_down_when_the_first_step_up_does_not_lower_the_loss() {
+        let plan = plan();
+        let mut done = stale_grid(&plan);
+        let lock = Schedule::Lockstep;
+        record(&plan, &mut done, 0.001, 0.9, lock, 1.40);
+        record(&plan, &mut done, 0.003, 0.9, lock, 1.40);
+        assert_eq!(lrs(&plan.reference(&done).0), [0.001, 0.003, 0.0003]);
+        record(&plan, &mut done, 0.0003, 0.9, lock, 1.39);
+        // Past the grid's bottom, at its ratio there.
+        assert_eq!(
+            lrs(&plan.reference(&done).0),
+            [0.001, 0.003, 0.0003, 0.00009]
+        );
+        assert_eq!(plan.reference(&done).1, None);
+        record(&plan, &mut done, 0.00009, 0.9, lock, 1.39);
+        assert_eq!(
+            plan.reference(&done).1,
+            Some((0.0003, 0.9)),
+            "a tie ends the climb"
+        );
+    }
 
     #[test]
     fn a_run_key_splits_into_its_fields_with_the_spaced_arch_whole() {
