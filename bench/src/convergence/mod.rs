@@ -108,33 +108,36 @@ impl Plan {
         best.map(|(p, _)| p)
     }
 
-    /// The lock-step AdamW reference's tuning: the learning rate, at AdamW's
-    /// best β1 on the sweep's schedule, climbed along the grid's learning
-    /// rates (extended past both ends, `reference_ladder`) from AdamW's best
-    /// learning rate there: up while the loss falls, and down while it falls
-    /// when the first step up did not lower it. So the baseline is tuned at
-    /// least as far as the grid tunes the compressed rule. Returns the runs the
-    /// climb has named so far, and its best point once the climb has ended
-    /// (`None` while a named run is missing).
-    fn reference(&self, done: &HashMap<String, Record>) -> (Vec<Point>, Option<(f32, f32)>) {
+    /// The climb that finishes every method's tuning: the learning rate, at
+    /// `start`'s momentum, climbed along the grid's learning rates (extended
+    /// past both ends, `ladder`) from `start`'s: up while the loss falls, and
+    /// down while it falls when the first step up did not lower it. Inside
+    /// the grid it only reads the grid's runs; it runs more only when the
+    /// best sits at the grid's edge. Returns the runs it has named so far,
+    /// and its best point once it has ended (`None` while a named run is
+    /// missing).
+    fn climb(
+        &self,
+        m: Method,
+        schedule: Schedule,
+        (start_lr, momentum): (f32, f32),
+        done: &HashMap<String, Record>,
+    ) -> (Vec<Point>, Option<(f32, f32)>) {
         let mut named = Vec::new();
-        let Some((start_lr, beta1)) = self.best(Method::AdamW, done) else {
-            return (named, None);
-        };
-        let lrs = reference_ladder(&self.lrs);
+        let lrs = ladder(&self.lrs);
         let start = lrs
             .iter()
             .position(|&lr| lr == start_lr)
-            .expect("AdamW's best point is on the grid");
+            .expect("the climb starts on the grid");
         // The mean over the grid seeds at `lrs[i]`, naming its runs.
         let loss = |i: usize, named: &mut Vec<Point>| -> Option<f64> {
             let points: Vec<Point> = (0..self.grid_seeds)
                 .map(|seed| Point {
-                    method: Method::AdamW,
+                    method: m,
                     lr: lrs[i],
-                    momentum: beta1,
+                    momentum,
                     seed,
-                    schedule: Schedule::Lockstep,
+                    schedule,
                 })
                 .collect();
             named.extend(points.iter().copied());
@@ -162,7 +165,30 @@ impl Plan {
                 }
             }
         }
-        (named, Some((lrs[best.0], beta1)))
+        (named, Some((lrs[best.0], momentum)))
+    }
+
+    /// `m`'s tuned point: its best on the grid, climbed past the grid's
+    /// edge when it sits there (`climb`); a look-ahead runs at the shared
+    /// rule's.
+    fn tuned(&self, m: Method, done: &HashMap<String, Record>) -> (Vec<Point>, Option<(f32, f32)>) {
+        if m.looks_ahead() {
+            return (Vec::new(), self.tuned(Method::Shared, done).1);
+        }
+        match self.best(m, done) {
+            Some(best) => self.climb(m, self.schedule, best, done),
+            None => (Vec::new(), None),
+        }
+    }
+
+    /// The lock-step AdamW reference's tuning: the climb on the lock-step
+    /// schedule from AdamW's tuned point on the sweep's, whose β1 it keeps.
+    /// So the baseline is tuned by learning rate as far as every method.
+    fn reference(&self, done: &HashMap<String, Record>) -> (Vec<Point>, Option<(f32, f32)>) {
+        match self.tuned(Method::AdamW, done).1 {
+            Some(start) => self.climb(Method::AdamW, Schedule::Lockstep, start, done),
+            None => (Vec::new(), None),
+        }
     }
 
     fn seeded(&self, m: Method, (lr, momentum): (f32, f32), schedule: Schedule) -> Vec<Point> {
@@ -177,15 +203,18 @@ impl Plan {
             .collect()
     }
 
-    /// Every run the sweep needs that can be named now: the whole grid, then
-    /// the seeds of each method's best point once its grid is in; `false`
+    /// Every run the sweep needs that can be named now: the whole grid, the
+    /// climbs past its edges, then the seeds of each method's tuned point
+    /// once its grid and climb are in; `false`
     /// while some grid is still incomplete (more runs will be named later).
     fn runs(&self, done: &HashMap<String, Record>) -> (Vec<Point>, bool) {
         let mut out = Vec::new();
         let mut complete = true;
         for &m in &self.methods {
             out.extend(self.grid(m));
-            match self.best(m, done) {
+            let (climb, tuned) = self.tuned(m, done);
+            out.extend(climb);
+            match tuned {
                 Some(best) => {
                     out.extend(self.seeded(m, best, self.schedule));
                     if self.reference && m == Method::AdamW && self.schedule != Schedule::Lockstep {
@@ -503,11 +532,11 @@ impl Best {
     }
 }
 
-/// The learning rates the lock-step reference may climb: the grid's, plus
-/// two more past each end at the grid's ratio there (three when the grid has
-/// one learning rate), to two significant digits. A reference whose best
-/// sits at the grid's edge is thereby tuned past it.
-fn reference_ladder(grid: &[f32]) -> Vec<f32> {
+/// The learning rates a climb may take: the grid's, plus two more past each
+/// end at the grid's ratio there (three when the grid has one learning rate),
+/// to two significant digits. A method whose best sits at the grid's edge is
+/// thereby tuned past it.
+fn ladder(grid: &[f32]) -> Vec<f32> {
     let mut lrs = grid.to_vec();
     lrs.sort_by(|a, b| a.total_cmp(b));
     lrs.dedup();
@@ -527,7 +556,7 @@ fn publish(plan: &Plan, done: &HashMap<String, Record>) -> Result<()> {
     let get = |p: &Point| done.get(&runs::key(s, p)).cloned();
     let mut bests = Vec::new();
     for &m in &plan.methods {
-        let point = plan.best(m, done).expect("the sweep is complete");
+        let point = plan.tuned(m, done).1.expect("the sweep is complete");
         let mut schedules = vec![plan.schedule];
         if plan.reference && m == Method::AdamW && plan.schedule != Schedule::Lockstep {
             schedules.push(Schedule::Lockstep);
@@ -573,7 +602,7 @@ fn publish(plan: &Plan, done: &HashMap<String, Record>) -> Result<()> {
     let mut md = String::new();
     let _ = writeln!(
         md,
-        "## Convergence{}\n\n`cargo run --release -p cohort-bench -- convergence{}` — {} ({} parameters), {} members, batch {} x {} bytes per member per step, {} steps ({} tokens), bundled KJV corpus (validation: {} fixed held-out windows). Every method is tuned over the same grid, learning rate {:?} × momentum {:?} (AdamW's β1; the momentum decay of sign-SGD and of Cohort's members), on {} seed(s); its best point is then run on {} seeds (each seed draws other initial weights and other batches).{} Schedule: {} (each gradient is computed on the weights before the previous step's update, as the P2P node pipelines). Peak learning rate with warm-up, then cosine to 10%; weight decay 0.1; Cohort: 64x64 DCT chunks, top-{} per chunk, decoder `{:?}`, adaptive β2 {}.\n",
+        "## Convergence{}\n\n`cargo run --release -p cohort-bench -- convergence{}` — {} ({} parameters), {} members, batch {} x {} bytes per member per step, {} steps ({} tokens), bundled KJV corpus (validation: {} fixed held-out windows). Every method is tuned over the same grid, learning rate {:?} × momentum {:?} (AdamW's β1; the momentum decay of sign-SGD and of Cohort's members), on {} seed(s); a best point at the grid's learning-rate edge is climbed past it at its momentum, up to two more steps of the grid's ratio, while the loss falls (rows \"past the grid\"), so no method is held at an edge; its tuned point is then run on {} seeds (each seed draws other initial weights and other batches).{} Schedule: {} (each gradient is computed on the weights before the previous step's update, as the P2P node pipelines). Peak learning rate with warm-up, then cosine to 10%; weight decay 0.1; Cohort: 64x64 DCT chunks, top-{} per chunk, decoder `{:?}`, adaptive β2 {}.\n",
         if plan.name == "convergence" {
             String::new()
         } else {
@@ -597,7 +626,7 @@ fn publish(plan: &Plan, done: &HashMap<String, Record>) -> Result<()> {
         plan.grid_seeds,
         plan.seeds,
         if lock_base.is_some() {
-            " The lock-step AdamW reference is tuned by learning rate at AdamW's best β1: climbed along the grid's learning rates, extended by two steps of the grid's ratio past each end, from AdamW's best learning rate, up while the loss falls, and down while it falls when the first step up did not lower it (its runs are in the grid table)."
+            " The lock-step AdamW reference is tuned by learning rate at AdamW's β1: climbed along the grid's learning rates, extended by two steps of the grid's ratio past each end, from AdamW's tuned learning rate, up while the loss falls, and down while it falls when the first step up did not lower it (its runs are in the grid table)."
         } else {
             ""
         },
@@ -729,8 +758,37 @@ fn publish(plan: &Plan, done: &HashMap<String, Record>) -> Result<()> {
         "\nThe grid (final validation loss, mean over {} seed(s)), every method on the same points:\n\n| method | lr | momentum | final val loss |\n|---|---|---|---|\n",
         plan.grid_seeds
     );
+    // A climb's runs: its learning rates off the grid (all of them for the
+    // lock-step reference), each a row.
+    let climb_rows = |md: &mut String,
+                      label: &str,
+                      (climb, tuned): (Vec<Point>, Option<(f32, f32)>),
+                      off_grid_only: bool| {
+        let tuned = tuned.expect("complete");
+        let mut lrs: Vec<f32> = climb
+            .iter()
+            .map(|p| p.lr)
+            .filter(|lr| !(off_grid_only && plan.lrs.contains(lr)))
+            .collect();
+        lrs.sort_by(|a, b| a.total_cmp(b));
+        lrs.dedup();
+        for lr in lrs {
+            let v: Vec<f64> = climb
+                .iter()
+                .filter(|p| p.lr == lr)
+                .map(|p| get(p).expect("complete").final_val_loss)
+                .collect();
+            let mean = spread(&v).0;
+            let mark = if lr == tuned.0 { "**" } else { "" };
+            let _ = writeln!(
+                md,
+                "| {label} | {lr} | {} | {mark}{mean:.4}{mark} |",
+                tuned.1
+            );
+        }
+    };
     for &m in plan.methods.iter().filter(|m| !m.looks_ahead()) {
-        let best = plan.best(m, done).expect("complete");
+        let best = plan.tuned(m, done).1.expect("complete");
         for &lr in &plan.lrs {
             for &momentum in &plan.momenta {
                 let v: Vec<f64> = (0..plan.grid_seeds)
@@ -755,28 +813,16 @@ fn publish(plan: &Plan, done: &HashMap<String, Record>) -> Result<()> {
                 );
             }
         }
+        climb_rows(
+            &mut md,
+            &format!("{} (past the grid)", m.label()),
+            plan.tuned(m, done),
+            true,
+        );
     }
     if lock_base.is_some() {
-        let (climb, tuned) = plan.reference(done);
-        let tuned = tuned.expect("complete");
-        let mut lrs: Vec<f32> = climb.iter().map(|p| p.lr).collect();
-        lrs.sort_by(|a, b| a.total_cmp(b));
-        lrs.dedup();
-        for lr in lrs {
-            let v: Vec<f64> = climb
-                .iter()
-                .filter(|p| p.lr == lr)
-                .map(|p| get(p).expect("complete").final_val_loss)
-                .collect();
-            let mean = spread(&v).0;
-            let mark = if lr == tuned.0 { "**" } else { "" };
-            let _ = writeln!(
-                md,
-                "| {} (lock-step reference) | {lr} | {} | {mark}{mean:.4}{mark} |",
-                Method::AdamW.label(),
-                tuned.1
-            );
-        }
+        let label = format!("{} (lock-step reference)", Method::AdamW.label());
+        climb_rows(&mut md, &label, plan.reference(done), false);
     }
     tried(&mut md, s, plan.schedule, base, done);
     // The ratio panel divides by the best AdamW, the goal's baseline: the
@@ -1115,13 +1161,48 @@ mod tests {
     }
 
     #[test]
+    fn a_method_whose_best_sits_at_the_grid_s_edge_is_climbed_past_it_before_its_seeds_run() {
+        let plan = plan();
+        let mut done = HashMap::new();
+        let stale = Schedule::OneStepStale;
+        for (lr, loss) in [(0.0003, 2.0), (0.001, 1.8), (0.003, 1.6), (0.01, 1.5)] {
+            record(&plan, &mut done, lr, 0.9, stale, loss);
+            record(&plan, &mut done, lr, 0.99, stale, loss + 0.5);
+        }
+        let (named, tuned) = plan.tuned(Method::AdamW, &done);
+        assert_eq!(tuned, None);
+        assert_eq!(
+            named.last().map(|p| (p.lr, p.momentum, p.schedule)),
+            Some((0.033, 0.9, stale))
+        );
+        let (runs, complete) = plan.runs(&done);
+        assert!(!complete);
+        assert!(
+            !runs.iter().any(|p| p.seed > 0),
+            "no seeds before the climb ends"
+        );
+        record(&plan, &mut done, 0.033, 0.9, stale, 1.45);
+        record(&plan, &mut done, 0.11, 0.9, stale, 1.7);
+        assert_eq!(plan.tuned(Method::AdamW, &done).1, Some((0.033, 0.9)));
+        // The lock-step reference starts from the tuned point, off the grid.
+        assert_eq!(
+            plan.reference(&done)
+                .0
+                .iter()
+                .map(|p| (p.lr, p.schedule))
+                .collect::<Vec<_>>(),
+            [(0.033, Schedule::Lockstep)]
+        );
+    }
+
+    #[test]
     fn the_reference_s_ladder_extends_the_grid_by_two_steps_of_its_ratio_past_each_end() {
         assert_eq!(
-            super::reference_ladder(&[0.003, 0.0003, 0.001]),
+            super::ladder(&[0.003, 0.0003, 0.001]),
             [0.000027, 0.00009, 0.0003, 0.001, 0.003, 0.009, 0.027]
         );
         assert_eq!(
-            super::reference_ladder(&[0.001]),
+            super::ladder(&[0.001]),
             [0.00011, 0.00033, 0.001, 0.003, 0.009]
         );
     }
