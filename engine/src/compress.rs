@@ -101,9 +101,11 @@ pub enum Decode {
 impl CompressConfig {
     /// The rule a job trains with ([`crate::trainer::TrainConfig::small`]):
     /// the signs of 61 drawn positions per 64 x 64 chunk and momentum decay
-    /// 0.99. On the bench's model it reached 0.95x AdamW's loss at 2,000
-    /// steps, at about 1,100x fewer bytes than fp32, where the top-k rule
-    /// stayed at 1.3x (`cohort-bench convergence`, docs/benchmarks.md). 61
+    /// 0.99. On the bench's model it reached 0.95x the loss of AdamW on the
+    /// node's one-step-stale schedule at 2,000 steps (1.07x lock-step AdamW's
+    /// at the same point, more against lock-step AdamW tuned by learning
+    /// rate), at about 1,100x fewer bytes than fp32, where the top-k rule
+    /// stayed at 1.2x (`cohort-bench convergence`, docs/benchmarks.md). 61
     /// signs cost about the bytes of the top-4 rule's 4 indexed signs.
     pub fn shared() -> Self {
         Self {

@@ -49,6 +49,10 @@ struct Plan {
     seeds: u32,
     schedule: Schedule,
     reference: bool,
+    /// Whether a best at the grid's learning-rate edge is climbed past it
+    /// (`Plan::climb`); `--climb no` for an exploration that names its
+    /// points exactly.
+    climb: bool,
     /// The section and JSON it publishes: `convergence` by default, another
     /// name for a sweep in other settings (a shorter horizon, a larger batch).
     name: String,
@@ -124,7 +128,14 @@ impl Plan {
         done: &HashMap<String, Record>,
     ) -> (Vec<Point>, Option<(f32, f32)>) {
         let mut named = Vec::new();
-        let lrs = ladder(&self.lrs);
+        let lrs = if self.climb {
+            ladder(&self.lrs)
+        } else {
+            let mut lrs = self.lrs.clone();
+            lrs.sort_by(|a, b| a.total_cmp(b));
+            lrs.dedup();
+            lrs
+        };
         let start = lrs
             .iter()
             .position(|&lr| lr == start_lr)
@@ -258,6 +269,7 @@ pub fn run(raw: &[String]) -> Result<()> {
             "max-runs",
             "part",
             "plan",
+            "climb",
             "name",
         ],
     )?;
@@ -317,6 +329,7 @@ pub fn run(raw: &[String]) -> Result<()> {
             other => bail!("--schedule {other}: expected stale or lockstep"),
         },
         reference: args.get::<String>("reference", "yes".into())? == "yes",
+        climb: args.get::<String>("climb", "yes".into())? == "yes",
         name: {
             let name: String = args.get("name", "convergence".to_string())?;
             // A file name and a section marker: only `convergence` or
@@ -602,7 +615,7 @@ fn publish(plan: &Plan, done: &HashMap<String, Record>) -> Result<()> {
     let mut md = String::new();
     let _ = writeln!(
         md,
-        "## Convergence{}\n\n`cargo run --release -p cohort-bench -- convergence{}` — {} ({} parameters), {} members, batch {} x {} bytes per member per step, {} steps ({} tokens), bundled KJV corpus (validation: {} fixed held-out windows). Every method is tuned over the same grid, learning rate {:?} × momentum {:?} (AdamW's β1; the momentum decay of sign-SGD and of Cohort's members), on {} seed(s); a best point at the grid's learning-rate edge is climbed past it at its momentum, up to two more steps of the grid's ratio, while the loss falls (rows \"past the grid\"), so no method is held at an edge; its tuned point is then run on {} seeds (each seed draws other initial weights and other batches).{} Schedule: {} (each gradient is computed on the weights before the previous step's update, as the P2P node pipelines). Peak learning rate with warm-up, then cosine to 10%; weight decay 0.1; Cohort: 64x64 DCT chunks, top-{} per chunk, decoder `{:?}`, adaptive β2 {}.\n",
+        "## Convergence{}\n\n`cargo run --release -p cohort-bench -- convergence{}` — {} ({} parameters), {} members, batch {} x {} bytes per member per step, {} steps ({} tokens), bundled KJV corpus (validation: {} fixed held-out windows). Every method is tuned over the same grid, learning rate {:?} × momentum {:?} (AdamW's β1; the momentum decay of sign-SGD and of Cohort's members), on {} seed(s){}; its tuned point is then run on {} seeds (each seed draws other initial weights and other batches).{} Schedule: {} (each gradient is computed on the weights before the previous step's update, as the P2P node pipelines). Peak learning rate with warm-up, then cosine to 10%; weight decay 0.1; Cohort: 64x64 DCT chunks, top-{} per chunk, decoder `{:?}`, adaptive β2 {}.\n",
         if plan.name == "convergence" {
             String::new()
         } else {
@@ -624,9 +637,14 @@ fn publish(plan: &Plan, done: &HashMap<String, Record>) -> Result<()> {
         plan.lrs,
         plan.momenta,
         plan.grid_seeds,
+        if plan.climb {
+            "; a best point at the grid's learning-rate edge is climbed past it at its momentum, up to two more steps of the grid's ratio, while the loss falls (rows \"past the grid\"), so no method is held at an edge"
+        } else {
+            " (`--climb no`: not past the grid's edges)"
+        },
         plan.seeds,
         if lock_base.is_some() {
-            " The lock-step AdamW reference is tuned by learning rate at AdamW's β1: climbed along the grid's learning rates, extended by two steps of the grid's ratio past each end, from AdamW's tuned learning rate, up while the loss falls, and down while it falls when the first step up did not lower it (its runs are in the grid table)."
+            " The lock-step AdamW reference is tuned by learning rate at AdamW's β1: climbed along the grid's learning rates (and past its edges, as above) from AdamW's tuned learning rate, up while the loss falls, and down while it falls when the first step up did not lower it (its runs are in the grid table)."
         } else {
             ""
         },
@@ -1065,6 +1083,7 @@ mod tests {
             seeds: 3,
             schedule: Schedule::OneStepStale,
             reference: true,
+            climb: true,
             name: "convergence".into(),
         }
     }
@@ -1184,6 +1203,15 @@ mod tests {
         record(&plan, &mut done, 0.033, 0.9, stale, 1.45);
         record(&plan, &mut done, 0.11, 0.9, stale, 1.7);
         assert_eq!(plan.tuned(Method::AdamW, &done).1, Some((0.033, 0.9)));
+        let fixed = Plan {
+            climb: false,
+            ..super::tests::plan()
+        };
+        assert_eq!(
+            fixed.tuned(Method::AdamW, &done).1,
+            Some((0.01, 0.9)),
+            "--climb no stays on the grid"
+        );
         // The lock-step reference starts from the tuned point, off the grid.
         assert_eq!(
             plan.reference(&done)
