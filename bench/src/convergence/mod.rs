@@ -128,14 +128,7 @@ impl Plan {
         done: &HashMap<String, Record>,
     ) -> (Vec<Point>, Option<(f32, f32)>) {
         let mut named = Vec::new();
-        let lrs = if self.climb {
-            ladder(&self.lrs)
-        } else {
-            let mut lrs = self.lrs.clone();
-            lrs.sort_by(|a, b| a.total_cmp(b));
-            lrs.dedup();
-            lrs
-        };
+        let lrs = ladder(&self.lrs, self.climb);
         let start = lrs
             .iter()
             .position(|&lr| lr == start_lr)
@@ -548,11 +541,14 @@ impl Best {
 /// The learning rates a climb may take: the grid's, plus two more past each
 /// end at the grid's ratio there (three when the grid has one learning rate),
 /// to two significant digits. A method whose best sits at the grid's edge is
-/// thereby tuned past it.
-fn ladder(grid: &[f32]) -> Vec<f32> {
+/// thereby tuned past it. Without `extend`, the grid's alone, ascending.
+fn ladder(grid: &[f32], extend: bool) -> Vec<f32> {
     let mut lrs = grid.to_vec();
     lrs.sort_by(|a, b| a.total_cmp(b));
     lrs.dedup();
+    if !extend {
+        return lrs;
+    }
     let round = |x: f32| -> f32 { format!("{x:.1e}").parse().expect("a float") };
     let (lo, hi) = (lrs[0], lrs[lrs.len() - 1]);
     let (down, up) = match lrs.len() {
@@ -1226,11 +1222,11 @@ mod tests {
     #[test]
     fn the_reference_s_ladder_extends_the_grid_by_two_steps_of_its_ratio_past_each_end() {
         assert_eq!(
-            super::ladder(&[0.003, 0.0003, 0.001]),
+            super::ladder(&[0.003, 0.0003, 0.001], true),
             [0.000027, 0.00009, 0.0003, 0.001, 0.003, 0.009, 0.027]
         );
         assert_eq!(
-            super::ladder(&[0.001]),
+            super::ladder(&[0.001], true),
             [0.00011, 0.00033, 0.001, 0.003, 0.009]
         );
     }
