@@ -48,6 +48,18 @@ pub enum Method {
     /// node knows both states, so the guess is deterministic and auditable.
     /// On the lock-step schedule it is the shared rule (nothing is stale).
     SharedLook(u8),
+    /// A bench-only prototype, DiLoCo-style: each member takes `H` local
+    /// AdamW steps (β1 0.9, no weight decay) from the shared weights on its
+    /// own batches, then sends the shared rule's signs of its pseudo-gradient
+    /// (shared weights minus its own) with `H` × `shared_k` drawn positions
+    /// per chunk, so the bytes per step equal the shared rule's; every node
+    /// applies one sign step of `H` × lr ÷ 3 (the ratio of the shared rule's
+    /// best learning rate to lock-step AdamW's, 3e-3 to 9e-3) with the
+    /// rule's weight decay. The grid's learning rate is the inner AdamW's;
+    /// its momentum is the error-feedback decay, per exchange. Lock-step
+    /// only: every member's inner steps start from the weights the last
+    /// exchange left.
+    Local(u8),
 }
 
 impl Method {
@@ -84,6 +96,7 @@ impl Method {
             Method::SharedAgg { sign: false } => "sharedagg".into(),
             Method::SharedAgg { sign: true } => "signagg".into(),
             Method::SharedLook(p) => format!("sharedlook{p}"),
+            Method::Local(h) => format!("local{h}"),
         }
     }
 
@@ -109,6 +122,9 @@ impl Method {
                     ""
                 }
             ),
+            Method::Local(h) => format!(
+                "local AdamW, {h} steps, then shared signs of the pseudo-gradient (prototype)"
+            ),
         }
     }
 
@@ -125,6 +141,12 @@ impl Method {
             })?;
             return Ok(Method::SharedLook(p));
         }
+        if let Some(h) = s.strip_prefix("local") {
+            let h = h.parse::<u8>().ok().filter(|h| *h > 0).ok_or_else(|| {
+                anyhow::anyhow!("method `{s}`: expected local<H>, H local steps 1 to 255")
+            })?;
+            return Ok(Method::Local(h));
+        }
         for sign in [false, true] {
             if s == (Method::SharedAgg { sign }).key() {
                 return Ok(Method::SharedAgg { sign });
@@ -135,7 +157,7 @@ impl Method {
             .find(|m| m.key() == s)
             .ok_or_else(|| {
                 anyhow::anyhow!(
-                    "unknown method `{s}`: expected adamw, sign, cohort, shared, topagg<K>, sharedagg, signagg or sharedlook<P>"
+                    "unknown method `{s}`: expected adamw, sign, cohort, shared, topagg<K>, sharedagg, signagg, sharedlook<P> or local<H>"
                 )
             })
     }
@@ -197,6 +219,7 @@ impl Setting {
     pub fn k(&self, method: Method) -> usize {
         match method {
             Method::Shared | Method::SharedAgg { .. } | Method::SharedLook(_) => self.shared_k,
+            Method::Local(h) => self.shared_k * h as usize,
             _ => self.topk,
         }
     }
@@ -253,6 +276,7 @@ impl Setting {
             | Method::TopAgg(_)
             | Method::SharedAgg { .. }
             | Method::SharedLook(_) => dense(p, &cfg, corpus),
+            Method::Local(h) => local(p, &cfg, corpus, h as u32),
         }
     }
 }
@@ -478,6 +502,122 @@ fn dense(p: &Point, cfg: &RunConfig, corpus: &Corpus) -> Result<Outcome> {
     })
 }
 
+/// [`Method::Local`]: `h` local AdamW steps per member between exchanges
+/// of the shared rule's signs of each member's pseudo-gradient.
+fn local(p: &Point, cfg: &RunConfig, corpus: &Corpus, h: u32) -> Result<Outcome> {
+    if p.schedule != Schedule::Lockstep {
+        anyhow::bail!("method local{h} runs lock-step only: add --schedule lockstep");
+    }
+    let init_seed = runner::epoch_seed(&cfg.job, u32::MAX);
+    let mut members = (0..cfg.members)
+        .map(|i| {
+            Trainer::new(
+                cfg.train,
+                &init_seed,
+                corpus.clone(),
+                backend::cpu(),
+                Identity {
+                    job: cfg.job,
+                    member: runner::member_key(i),
+                    index: i as u32,
+                },
+            )
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut params = members[0].params().clone();
+    let sizes: Vec<usize> = params.values.iter().map(Vec::len).collect();
+    let mut inner: Vec<AdamW> = (0..cfg.members).map(|_| AdamW::new(&sizes, 0.0)).collect();
+    let mut own: Vec<Vec<Vec<f32>>> = (0..cfg.members).map(|_| params.values.clone()).collect();
+    let compress = CompressConfig {
+        decay: p.momentum,
+        decode: Decode::Sign,
+        select: Select::Shared,
+        ..cfg.train.compress
+    };
+    let layout = Layout::new(&params.shapes, &compress);
+    let mut compressors: Vec<Compressor> = (0..cfg.members)
+        .map(|_| Compressor::new(&layout, compress))
+        .collect();
+    let lr = cfg.train.lr;
+    let mut curve = Vec::new();
+    let started = Instant::now();
+    let mut eval_secs = 0.0;
+    let mut val_loss = f32::NAN;
+    let mut lr_sum = 0.0f32;
+    for step in 0..cfg.steps {
+        let epoch = step / cfg.steps_per_epoch;
+        let seed = runner::epoch_seed(&cfg.job, epoch);
+        let grads: Vec<_> = std::thread::scope(|s| {
+            let hs: Vec<_> = members
+                .iter_mut()
+                .zip(&own)
+                .map(|(m, w)| {
+                    let index = m.id.index;
+                    let mut mine = params.clone();
+                    mine.values = w.clone();
+                    s.spawn(move || -> Result<_> {
+                        m.set_params(mine, step)?;
+                        Ok(m.member_gradients(&seed, epoch, step, index)?.1)
+                    })
+                })
+                .collect();
+            hs.into_iter()
+                .map(|h| h.join().expect("member thread"))
+                .collect::<Result<Vec<_>>>()
+        })?;
+        for ((a, w), g) in inner.iter_mut().zip(own.iter_mut()).zip(&grads) {
+            a.step(w, g, lr.at(step));
+        }
+        lr_sum += lr.at(step);
+        if (step + 1) % h == 0 || step + 1 == cfg.steps {
+            let draw = Draw::for_step(&cfg.job, step);
+            let payloads = compressors
+                .iter_mut()
+                .zip(&own)
+                .map(|(c, w)| {
+                    let delta: Vec<Vec<f32>> = params
+                        .values
+                        .iter()
+                        .zip(w)
+                        .map(|(a, b)| a.iter().zip(b).map(|(x, y)| x - y).collect())
+                        .collect();
+                    c.compress(&layout, &delta, draw)
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let weighted: Vec<_> = payloads.iter().map(|p| (p, 1)).collect();
+            let dirs = aggregate(&layout, &weighted, Decode::Sign);
+            sign_sgd_step(
+                &mut params.values,
+                &dirs,
+                lr_sum / 3.0,
+                cfg.train.weight_decay,
+            );
+            lr_sum = 0.0;
+            for w in own.iter_mut() {
+                w.clone_from(&params.values);
+            }
+        }
+        if (step + 1) % cfg.eval_every == 0 || step + 1 == cfg.steps {
+            let t0 = Instant::now();
+            members[0].set_params(params.clone(), step + 1)?;
+            val_loss = members[0].validation_loss(cfg.eval_windows)?;
+            eval_secs += t0.elapsed().as_secs_f64();
+            curve.push((step + 1, val_loss));
+        }
+    }
+    let wall = started.elapsed().as_secs_f64() - eval_secs;
+    let tokens = cfg.steps as f64
+        * cfg.members as f64
+        * cfg.train.batch as f64
+        * cfg.train.model.seq_len as f64;
+    Ok(Outcome {
+        final_val_loss: val_loss,
+        curve,
+        bytes_per_member_step: wire::payload_len(&layout) as f64 / h as f64,
+        tokens_per_sec: tokens / wall,
+    })
+}
+
 /// The members' votes summed per coefficient and cut to their sign (−1, 0
 /// or +1: a 2-bit sign sum), inverse-DCT'd in ascending index order and
 /// signed: what a node would apply from sign-sum aggregates of the shared
@@ -669,10 +809,12 @@ mod tests {
             Method::SharedAgg { sign: true },
             Method::TopAgg(3),
             Method::SharedLook(100),
+            Method::Local(4),
         ] {
             assert_eq!(Method::parse(&m.key()).unwrap(), m);
         }
         assert!(Method::parse("signagg2").is_err());
         assert!(Method::parse("sharedlook0").is_err());
+        assert!(Method::parse("local0").is_err());
     }
 }

@@ -528,6 +528,7 @@ impl Best {
             (Method::SharedAgg { sign: false }, _) => [23, 190, 207],
             (Method::SharedAgg { sign: true }, _) => [214, 39, 40],
             (Method::SharedLook(_), _) => [188, 189, 34],
+            (Method::Local(_), _) => [127, 127, 127],
         }
     }
     fn label(&self) -> String {
