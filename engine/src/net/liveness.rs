@@ -33,10 +33,13 @@ pub fn alive_window(members: u32, floor: Duration) -> Duration {
     floor.max(beat_interval(members) * BEATS_TO_GONE)
 }
 
+/// Gossipsub's mesh degree (`swarm::gossip_config`).
+pub const MESH_N: usize = 6;
 /// Copies of each gossip message a member receives, and sends, about: one
-/// per mesh peer (`swarm`: `mesh_n` 6), as gossipsub relays every message
-/// to its mesh and small messages are not spared duplicates.
-pub const MESH_COPIES: f64 = 6.0;
+/// per mesh peer, as gossipsub relays every message to its mesh, sends its
+/// own to its mesh too (flood publishing is off), and small messages are
+/// not spared duplicates.
+pub const MESH_COPIES: f64 = MESH_N as f64;
 /// Bytes gossipsub adds to each message on the wire (its own signature,
 /// sender, sequence number and topic, and framing), about.
 pub const GOSSIPSUB_OVERHEAD: f64 = 140.0;
