@@ -9,7 +9,7 @@ use cohort_engine::compress::{Layout, Select};
 use cohort_engine::model::ModelConfig;
 use cohort_engine::net::exchange;
 use cohort_engine::net::sim::{SimConfig, SimResult, simulate};
-use cohort_engine::net::sim_sharded::{ShardedConfig, simulate_sharded};
+use cohort_engine::net::sim_sharded::{GossipCost, ShardedConfig, simulate_sharded};
 use cohort_engine::net::step::Timing;
 use cohort_engine::trainer::TrainConfig;
 use cohort_engine::wire::{HEADER_LEN, payload_len};
@@ -48,6 +48,7 @@ const FLAGS: &[&str] = &[
     "sums",
     "wait-secs",
     "withholding",
+    "gossip",
 ];
 
 /// The exchange's deadlines as the node ships them, but for `--hedge-secs`,
@@ -499,6 +500,16 @@ fn sharded(
         .num("sharded_stall_floor_secs", floor)
         .num("sharded_hedge_secs", timing.hedge.as_secs_f64())
         .num("sharded_withholding", a.get("withholding", 0u32)? as f64)
+        // 0: the node's gossip; 1: a what-if without the sum hashes' bytes;
+        // 2: a what-if with no gossip bytes at all (`--gossip`).
+        .num(
+            "sharded_gossip_what_if",
+            match GossipCost::parse(&a.get("gossip", "shipped".to_string())?) {
+                Some(GossipCost::NoSumHashes) => 1.0,
+                Some(GossipCost::Free) => 2.0,
+                _ => 0.0,
+            },
+        )
         .num("sharded_spots", spots as f64)
         .num("sharded_backups", backups as f64)
         .num(
@@ -735,6 +746,12 @@ fn sharded_config(a: &Args, base: &SimConfig, positions: u64, bits: u32) -> Resu
         sum_bits: if bits == 0 { full } else { bits },
         timing: exchange_timing(a)?,
         withholding,
+        gossip: {
+            let g: String = a.get("gossip", "shipped".to_string())?;
+            GossipCost::parse(&g).ok_or_else(|| {
+                anyhow::anyhow!("--gossip {g}: expected shipped, no-sum-hashes or free")
+            })?
+        },
     })
 }
 

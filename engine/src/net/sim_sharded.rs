@@ -39,6 +39,34 @@ pub struct ShardedConfig {
     /// Members that announce but never push nor serve a slice (an attack
     /// on the step's liveness).
     pub withholding: Vec<u32>,
+    /// What the job's gossip costs the links.
+    pub gossip: GossipCost,
+}
+
+/// What the job's gossip costs the links: the node's, or a what-if that
+/// bounds what a redesign of it could gain (the messages still arrive
+/// when they would; only their bytes are left out).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum GossipCost {
+    /// Heartbeats, announcements, manifests and every seat's sum hash, as
+    /// the node gossips them ([`super::liveness`]).
+    #[default]
+    Shipped,
+    /// As shipped, less the sum hashes.
+    NoSumHashes,
+    /// No gossip bytes at all.
+    Free,
+}
+
+impl GossipCost {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "shipped" => Some(Self::Shipped),
+            "no-sum-hashes" => Some(Self::NoSumHashes),
+            "free" => Some(Self::Free),
+            _ => None,
+        }
+    }
 }
 
 /// Bytes a signed message carries besides its body (header, signature).
@@ -332,8 +360,17 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
     let huge = 1e30;
     // The job's gossip: heartbeats all the time, and each step's
     // announcements, manifests and sum hashes sent and received with it.
-    let heartbeats = super::liveness::heartbeat_bytes_per_sec(n);
-    let step_gossip = super::liveness::step_gossip_bytes(n, (shards * cfg.redundancy) as u64);
+    let (heartbeats, step_gossip) = match cfg.gossip {
+        GossipCost::Shipped => (
+            super::liveness::heartbeat_bytes_per_sec(n),
+            super::liveness::step_gossip_bytes(n, (shards * cfg.redundancy) as u64),
+        ),
+        GossipCost::NoSumHashes => (
+            super::liveness::heartbeat_bytes_per_sec(n),
+            super::liveness::step_gossip_bytes(n, 0),
+        ),
+        GossipCost::Free => (0.0, 0.0),
+    };
     let mut nodes: Vec<Node> = (0..n)
         .map(|i| {
             let (up, down, latency) = (
@@ -1170,6 +1207,7 @@ mod tests {
             sum_bits: 2,
             timing: exchange::Timing::default(),
             withholding: Vec::new(),
+            gossip: GossipCost::Shipped,
         }
     }
 
