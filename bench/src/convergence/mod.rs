@@ -839,7 +839,14 @@ fn publish(plan: &Plan, done: &HashMap<String, Record>) -> Result<()> {
         let label = format!("{} (lock-step reference)", Method::AdamW.label());
         climb_rows(&mut md, &label, plan.reference(done), false);
     }
-    tried(&mut md, s, plan.schedule, base, done);
+    tried(&mut md, s, plan.schedule, base, done, true);
+    // The rules run on the lock-step schedule too (how much of a gap is the
+    // staleness's), against the lock-step reference.
+    if let Some(lock) = lock_base
+        && plan.schedule != Schedule::Lockstep
+    {
+        tried(&mut md, s, Schedule::Lockstep, lock, done, false);
+    }
     // The ratio panel divides by the best AdamW, the goal's baseline: the
     // lock-step one where the sweep ran it.
     let png = figure(&bests, &lockstep.unwrap_or(adamw).curve(), s.steps)?;
@@ -887,6 +894,7 @@ fn tried(
     schedule: Schedule,
     adamw: f64,
     done: &HashMap<String, Record>,
+    explain: bool,
 ) {
     let same = [
         ("recipe", runs::RECIPE.to_string()),
@@ -921,6 +929,11 @@ fn tried(
             || method.starts_with("sharedlook")
         {
             format!("{method} ({} drawn coefficients per chunk)", field("topk"))
+        } else if method.starts_with("local") {
+            format!(
+                "{method} ({} drawn coefficients per chunk an exchange)",
+                field("topk")
+            )
         } else if let Some(cut) = method.strip_prefix("topagg") {
             format!(
                 "topagg (top-{} payloads, votes cut to {cut} per chunk)",
@@ -952,8 +965,16 @@ fn tried(
     rows.sort_by(|a, b| a.0.total_cmp(&b.0));
     let _ = write!(
         md,
-        "\nWhat was tried at this horizon ({} points and seeds logged at these settings, any method, decoder, coefficients or grid point; mean over its seeds, best first):\n\n| method | lr | momentum | seeds | final val loss | ÷ best AdamW above | bytes / member / step |\n|---|---|---|---|---|---|---|\n",
-        rows.iter().map(|r| r.2).sum::<usize>()
+        "\nWhat was tried at this horizon on the {} schedule ({} points and seeds logged at these settings, any method, decoder, coefficients or grid point; mean over its seeds, best first):\n\n| method | lr | momentum | seeds | final val loss | ÷ {} | bytes / member / step |\n|---|---|---|---|---|---|---|\n",
+        match schedule {
+            Schedule::Lockstep => "lock-step",
+            Schedule::OneStepStale => "one-step-stale",
+        },
+        rows.iter().map(|r| r.2).sum::<usize>(),
+        match schedule {
+            Schedule::Lockstep => "the lock-step reference",
+            Schedule::OneStepStale => "best AdamW above",
+        }
     );
     let candidates = rows.iter().any(|r| {
         ["shared", "topagg", "signagg"]
@@ -968,7 +989,7 @@ fn tried(
             mean / adamw
         );
     }
-    if candidates {
+    if candidates && explain {
         let _ = write!(
             md,
             "\nRules beside Cohort's top-k: *shared* — the engine's shared rule (`Select::Shared`): \
@@ -985,7 +1006,12 @@ fn tried(
              applied update (`w + P/100 · (w − w_prev)`), a guess at the weights the one-step-stale \
              gradient will be applied to, run at the shared rule's best point; the engine's \
              `TrainConfig::look_ahead` at P/100, bit for bit (a test holds it to that), and at \
-             P = 100 the job recipe since recipe 3. The bytes of *sharedk*, *topagg*, *sharedagg* and *signagg* \
+             P = 100 the job recipe since recipe 3; *localH* (lock-step only) — a DiLoCo-style \
+             prototype: each member takes H local AdamW steps (β1 0.9, no weight decay) from the \
+             shared weights, then sends the shared rule's signs of its pseudo-gradient on H times \
+             as many drawn coefficients, so the bytes a step are the shared rule's, and every node \
+             takes one sign step of H × lr ÷ 3 (lr is the inner AdamW's; the momentum is the error \
+             feedback's decay, per exchange). The bytes of *sharedk*, *topagg*, *sharedagg* and *signagg* \
              count \
              the payload alone, as each run logged it; Cohort's, *shared*'s and *sharedlookP*'s count one encoded \
              contribution in today's wire format (version {}), its {}-byte header included and \
