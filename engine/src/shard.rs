@@ -128,10 +128,18 @@ pub fn aggregators(
         .collect())
 }
 
+/// Rounds of reserve seats a shard has ([`reserve`]).
+pub const RESERVE_ROUNDS: usize = 4;
+
 /// Per shard, the seats that take it over when none of its aggregators
-/// signs a sum (they are taken for dead): `redundancy` members from a
-/// second shuffle (`draw`, which must differ from the seats' own), never
-/// one of the shard's seats, and fewer only when too few members are left.
+/// signs a sum (they are taken for dead), in the order they are called
+/// on: [`RESERVE_ROUNDS`] rounds of `redundancy` members from a second
+/// shuffle (`draw`, which must differ from the seats' own), never one of
+/// the shard's seats, and fewer only when too few members are left. A
+/// round that is silent too hands the shard to the next: with one round,
+/// a shard whose two seats and two reserve seats were all dead stalled
+/// its step; with four, a shard stalls only when ten members drawn for
+/// it are all gone.
 pub fn reserve(
     members: &[u32],
     seats: &[Vec<u32>],
@@ -150,7 +158,7 @@ pub fn reserve(
             (0..n)
                 .map(|j| order[(s * redundancy + j) % n])
                 .filter(|m| !seat.contains(m))
-                .take(redundancy)
+                .take(redundancy * RESERVE_ROUNDS)
                 .collect()
         })
         .collect()
@@ -628,9 +636,13 @@ mod tests {
         let r = reserve(&members, &seats, 2, Draw(9));
         assert_eq!(r.len(), 10);
         for (seat, res) in seats.iter().zip(&r) {
-            assert_eq!(res.len(), 2);
+            // Every member but the shard's own seats, up to four rounds.
+            assert_eq!(res.len(), 8);
             assert!(res.iter().all(|m| !seat.contains(m)), "{seat:?} {res:?}");
-            assert_ne!(res[0], res[1]);
+            let mut distinct = res.clone();
+            distinct.sort_unstable();
+            distinct.dedup();
+            assert_eq!(distinct.len(), res.len(), "{res:?}");
         }
         let reversed: Vec<u32> = members.iter().rev().copied().collect();
         assert_eq!(r, reserve(&reversed, &seats, 2, Draw(9)));

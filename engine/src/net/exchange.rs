@@ -56,10 +56,12 @@
 //!
 //! 6. A shard none of whose seats signed within `reseat` of the manifest
 //!    (its seats are taken for dead), and that nothing else decided, gets
-//!    its reserve seats as well, drawn for the step apart from its own
-//!    (`shard::reserve`): they fetch the listed slices from the members,
-//!    sum and sign as any seat, and the old seats still count. A reserve
-//!    seat's signed hash moves the shard at a node at most `agree` early.
+//!    a round of its reserve seats as well, drawn for the step apart from
+//!    its own (`shard::reserve`): they fetch the listed slices from the
+//!    members, sum and sign as any seat, and the old seats still count.
+//!    A round silent for `reseat` in turn hands the shard to the next, up
+//!    to `shard::RESERVE_ROUNDS`. A reserve seat's signed hash moves the
+//!    shard at a node at most `agree` early, one round at a time.
 //!
 //! Sums name the manifest they sum (`ManifestId`): a step can have two for
 //! a while, and seats that summed different lists are not liars.
@@ -70,8 +72,8 @@
 //!    it, and otherwise tells the step machine, whose fall-back manifest
 //!    leaves the member out ([`probe`]).
 //!
-//! Not handled here: a shard whose reserve seats are dead too stalls it;
-//! equivocating aggregators keep their first hash; a replacement manifest
+//! Not handled here: a shard whose every round of reserve seats is dead
+//! too stalls it; equivocating aggregators keep their first hash; a replacement manifest
 //! drops hashes already signed for a third one (and reserve seats' early
 //! hashes), so a node that later takes that third manifest cannot accept
 //! the shard unless it recomputes it.
@@ -474,8 +476,10 @@ struct Recv {
     /// A backup's check is due (a seat stayed silent): at once, not after
     /// acceptance.
     backing: bool,
-    /// When the shard went to its reserve seats, if it did.
+    /// When the shard last went to a round of its reserve seats, if it did.
     reseated: Option<Duration>,
+    /// Rounds of reserve seats it went to.
+    rounds: usize,
     /// Hashes reserve seats signed before this node moved the shard to
     /// them: kept for when it does.
     early: Vec<(u32, ManifestId, Hash)>,
@@ -487,8 +491,11 @@ struct Recv {
 #[derive(Debug)]
 struct Step {
     seats: Vec<Vec<u32>>,
-    /// Per shard, the seats that take it over if its own stay silent.
+    /// Per shard, the seats that take it over if its own stay silent, in
+    /// rounds of `round` ([`crate::shard::reserve`]).
     reserve: Vec<Vec<u32>>,
+    /// Seats per round: the step's redundancy.
+    round: usize,
     members: Option<Vec<u32>>,
     manifest: Option<ManifestId>,
     manifest_at: Option<Duration>,
@@ -728,13 +735,38 @@ impl Agg {
 }
 
 impl Step {
-    /// Whether shard `s` may go to its reserve seats: it has some, it has
-    /// not gone yet, and nothing decided it (no seat signed for the
-    /// current manifest, no sum accepted, none recomputed).
+    /// Shard `s`'s next round of reserve seats (empty once none is left).
+    fn next_round(&self, s: usize) -> &[u32] {
+        let all = self.reserve.get(s).map_or(&[][..], Vec::as_slice);
+        let from = (self.recv[s].rounds * self.round).min(all.len());
+        &all[from..(from + self.round).min(all.len())]
+    }
+
+    /// Whether shard `s`'s seats have been silent for `reseat`: since the
+    /// manifest, or since its last round of reserve seats took it over.
+    fn overdue(&self, s: usize, at: Duration, reseat: Duration) -> bool {
+        self.recv[s]
+            .reseated
+            .or(self.manifest_at)
+            .is_some_and(|t| t + reseat <= at)
+    }
+
+    /// Whether shard `s` may go to its next round of reserve seats: one is
+    /// left, nothing decided the shard (no seat, reserve seats taken so
+    /// far included, signed for the current manifest, no sum accepted,
+    /// none recomputed), and no seat of it said a listed slice is withheld
+    /// that this node could not get either: those seats are alive and
+    /// blocked, not dead, and the step machine's fall-back leaves the
+    /// member out. (Without that, a member withholding its slices from
+    /// everyone was called on as a reserve seat round after round until
+    /// it sat on every shard and signed sums nobody else could check.)
     fn may_reseat(&self, s: usize) -> bool {
         let r = &self.recv[s];
-        self.reserve.get(s).is_some_and(|x| !x.is_empty())
-            && r.reseated.is_none()
+        !self.next_round(s).is_empty()
+            && !self
+                .probes
+                .iter()
+                .any(|(&(_, shard), p)| shard as usize == s && !p.got)
             && r.accepted.is_none()
             && r.truth.is_none()
             && !r
@@ -743,16 +775,17 @@ impl Step {
                 .any(|h| h.is_some_and(|(m, _)| Some(m) == self.manifest))
     }
 
-    /// Adds shard `s`'s reserve seats to its seats: they fetch every listed
-    /// slice from the members, sum and sign as any seat. The old seats
-    /// still count, so a late hash of theirs is not lost, and nodes that
-    /// moved the shard and nodes that did not yet cannot split over it.
-    /// Returns the times to look at the shard again.
+    /// Adds shard `s`'s next round of reserve seats to its seats: they
+    /// fetch every listed slice from the members, sum and sign as any seat.
+    /// The old seats still count, so a late hash of theirs is not lost, and
+    /// nodes that moved the shard and nodes that did not yet cannot split
+    /// over it. Returns the times to look at the shard again.
     fn reseat(&mut self, s: usize, now: Duration, me: u32, timing: &Timing) -> Vec<Duration> {
-        let reserve = self.reserve[s].clone();
+        let reserve = self.next_round(s).to_vec();
         let manifest = self.manifest;
         let r = &mut self.recv[s];
         r.reseated = Some(now);
+        r.rounds += 1;
         for &a in &reserve {
             // The hash this reserve seat signed for the current manifest,
             // else any it signed.
@@ -764,7 +797,7 @@ impl Step {
                 .map(|e| (e.1, e.2));
             r.hashes.push(early);
         }
-        r.early.clear();
+        r.early.retain(|e| !reserve.contains(&e.0));
         if r.first_at.is_none()
             && r.hashes
                 .iter()
@@ -783,7 +816,12 @@ impl Step {
             self.agg.insert(s as u32, a);
         }
         self.seats[s].extend(reserve);
-        vec![now, now + timing.silent, now + timing.agree]
+        vec![
+            now,
+            now + timing.silent,
+            now + timing.agree,
+            now + timing.reseat,
+        ]
     }
 }
 
@@ -836,6 +874,7 @@ impl Exchange {
         self.steps.insert(
             step,
             Step {
+                round: seats.iter().map(Vec::len).max().unwrap_or(0),
                 seats,
                 reserve,
                 members: None,
@@ -1023,6 +1062,7 @@ impl Exchange {
                     spot: r.spot,
                     backup: r.backup,
                     reseated: r.reseated,
+                    rounds: r.rounds,
                     ..Recv::default()
                 };
             }
@@ -1085,19 +1125,17 @@ impl Exchange {
         // A reserve seat signs only once it took the shard over, so its
         // hash shows the seats were taken for dead somewhere. It is kept
         // for this node's own move, which it brings forward by at most
-        // `agree`: a reserve seat cannot take a shard over at will.
+        // `agree`: a reserve seat cannot take a shard over at will. Each
+        // such hash moves the shard one round at most.
         if st.seats.get(s).is_some_and(|seats| !seats.contains(&from))
             && st.reserve.get(s).is_some_and(|r| r.contains(&from))
-            && st.recv[s].reseated.is_none()
         {
             let r = &mut st.recv[s];
             if r.early.iter().any(|e| e.0 == from && e.1 == manifest) {
                 return Verdict::Duplicate;
             }
             r.early.push((from, manifest, hash));
-            let due = st
-                .manifest_at
-                .is_some_and(|t| t + self.timing.reseat <= now + self.timing.agree);
+            let due = st.overdue(s, now + self.timing.agree, self.timing.reseat);
             if !due || !st.may_reseat(s) {
                 return Verdict::Accepted;
             }
@@ -1426,8 +1464,9 @@ impl Exchange {
                 a => self.out.push(a),
             }
         }
-        // Seats taken for dead: the shard goes to its reserve seats.
-        if st.manifest_at.is_some_and(|t| t + timing.reseat <= now) && st.may_reseat(s) {
+        // Seats taken for dead: the shard goes to its next round of
+        // reserve seats.
+        if st.overdue(s, now, timing.reseat) && st.may_reseat(s) {
             for t in st.reseat(s, now, me, &timing) {
                 self.timers.insert((t, step, shard));
             }

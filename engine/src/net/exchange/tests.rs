@@ -976,11 +976,51 @@ fn a_shard_whose_seats_are_all_dead_goes_to_its_reserve_seats_and_the_step_appli
     // Only after `reseat`, and nobody convicted: silence is not proof.
     assert!(w.now >= Timing::default().reseat);
     assert!(w.convicted.is_empty());
-    // The reserve seats summed it.
+    // Its first round of reserve seats summed it, and no later round was
+    // called on.
     let reserve = shard::reserve(&(0..8).collect::<Vec<u32>>(), &w.seats, 2, Draw(8));
-    for a in &reserve[0] {
+    for a in &reserve[0][..2] {
         assert_eq!(w.signed.get(&(0, *a)), Some(&truth(0)));
     }
+    for a in &reserve[0][2..] {
+        assert_eq!(w.signed.get(&(0, *a)), None);
+    }
+}
+
+#[test]
+fn a_shard_whose_seats_and_first_reserve_seats_are_all_dead_goes_to_the_next_reserve_seats() {
+    // Shard 0's seats die, and so do the two reserve seats it would go to
+    // first: the step used to stall for good.
+    let mut w = World::with_reserve(10, 10, 2, none, none, true);
+    let members: Vec<u32> = (0..10).collect();
+    let reserve = shard::reserve(&members, &w.seats, 2, Draw(8));
+    let dead: Vec<u32> = w.seats[0].iter().chain(&reserve[0][..2]).copied().collect();
+    for &a in &dead {
+        w.silent.insert(a);
+    }
+    let alive: Vec<u32> = (0..10).filter(|i| !dead.contains(i)).collect();
+    for &i in &alive {
+        w.nodes[i as usize].on_computed(0);
+    }
+    w.settle();
+    let listed: Vec<u32> = w.announced.iter().copied().collect();
+    assert_eq!(listed, alive);
+    for &i in &alive {
+        w.nodes[i as usize].on_manifest(w.now, 0, M, &listed);
+    }
+    w.run();
+    for i in &alive {
+        assert_eq!(w.applied.get(i), Some(&vec![0]), "{:?}", w.applied);
+        assert_eq!(w.nodes[*i as usize].accepted(0, 0), Some(truth(0)));
+    }
+    // The second round summed it, after two reseat periods; silence
+    // convicted nobody.
+    assert!(reserve[0].len() >= 4, "{:?}", reserve[0]);
+    for a in &reserve[0][2..4] {
+        assert_eq!(w.signed.get(&(0, *a)), Some(&truth(0)));
+    }
+    assert!(w.now >= Timing::default().reseat * 2);
+    assert!(w.convicted.is_empty());
 }
 
 #[test]
@@ -1071,9 +1111,11 @@ fn a_listed_member_whose_slices_nobody_serves_is_given_up_everywhere_and_the_rep
     w.withholding.insert(3);
     let members = listed_all(&mut w);
     w.run_until(Duration::from_secs(120));
+    // (The withholder's own machine, which holds its slices, may go on.)
     assert!(
-        w.applied.is_empty(),
-        "a step applied without member 3's slices"
+        w.applied.keys().all(|&i| i == 3),
+        "a step applied without member 3's slices: {:?}",
+        w.applied
     );
     // Seats claimed it withheld, and every other node then failed to get
     // a slice of its own and gave it up.
@@ -1117,18 +1159,20 @@ fn a_member_serving_everyone_but_the_seats_has_its_slice_handed_to_them() {
 
 #[test]
 fn a_seat_s_claim_that_an_honest_member_withholds_its_slice_drops_nobody() {
-    let mut w = World::new(8, 8, 2, none, none);
+    // Twelve members, so that some are neither a seat of shard 0 nor one
+    // of its eight reserve seats.
+    let mut w = World::new(12, 12, 2, none, none);
     w.open_step();
     // A seat of shard 0 claims, of every member, that nobody serves it.
     let liar = w.seats[0][0];
-    for m in 0..8 {
+    for m in 0..12 {
         for x in &mut w.nodes {
             x.on_withheld_claim(0, 0, liar, M, m);
         }
     }
     // A claim from no seat of the shard, or about no listed member, is
     // refused.
-    let outsider = (0..8)
+    let outsider = (0..12)
         .find(|i| !w.seats[0].contains(i) && !w.nodes[0].steps[&0].reserve[0].contains(i))
         .unwrap();
     assert_eq!(
