@@ -736,7 +736,7 @@ impl Agg {
 
 impl Step {
     /// Shard `s`'s next round of reserve seats (empty once none is left).
-    fn next_round(&self, s: usize) -> &[u32] {
+    pub(super) fn next_round(&self, s: usize) -> &[u32] {
         let all = self.reserve.get(s).map_or(&[][..], Vec::as_slice);
         let from = (self.recv[s].rounds * self.round).min(all.len());
         &all[from..(from + self.round).min(all.len())]

@@ -5,7 +5,7 @@
 //! Why every node checks: "nobody serves it" cannot be proven, so a lying
 //! seat's word alone must not drop an honest member, and a member that
 //! serves everyone but the seats must not stall the step. A node asks the
-//! member, then the shard's seats and reserve seats, each once; a slice it
+//! member, then the shard's seats and next reserve seats, each once; a slice it
 //! gets goes to the seats that claimed it withheld (checked there against
 //! the member's signed root, as a push is), and only if every source fails
 //! does it tell its step machine. A node keeps asking, slowly, after that:
@@ -21,8 +21,8 @@ use std::time::Duration;
 /// This node's look for one member's slice of one shard.
 #[derive(Debug)]
 pub(super) struct Probe {
-    /// Whom to ask, in turn: the member, then the shard's seats and
-    /// reserve seats (never this node).
+    /// Whom to ask, in turn: the member, then the shard's seats and its
+    /// next round of reserve seats (never this node).
     sources: Vec<u32>,
     ask: Asking,
     /// The next request may go then (after a failure).
@@ -112,12 +112,14 @@ impl Exchange {
             return Verdict::NotListed;
         }
         let held = member == me || st.agg.get(&shard).is_some_and(|a| a.held.contains(&member));
-        let (seats, reserve) = (&st.seats[s], st.reserve.get(s));
+        // The member, then the seats (with the reserve rounds already
+        // called on) and the next round of reserve seats, which may have
+        // been called on elsewhere, each once: later rounds hold nothing.
+        let (seats, next) = (st.seats[s].clone(), st.next_round(s).to_vec());
         let p = st.probes.entry((member, shard)).or_insert_with(|| Probe {
-            // The member, then the seats and reserve seats, each once.
             sources: std::iter::once(member)
                 .chain(seats.iter().copied())
-                .chain(reserve.into_iter().flatten().copied())
+                .chain(next.iter().copied())
                 .filter(|&x| x != me)
                 .fold(Vec::new(), |mut v, x| {
                     if !v.contains(&x) {
