@@ -743,12 +743,12 @@ impl Step {
     }
 
     /// Whether shard `s`'s seats have been silent for `reseat`: since the
-    /// manifest, or since its last round of reserve seats took it over.
+    /// manifest, or since its last round of reserve seats took it over,
+    /// whichever came later (a replacement manifest gives the seats a
+    /// whole `reseat` to sum it again).
     fn overdue(&self, s: usize, at: Duration, reseat: Duration) -> bool {
-        self.recv[s]
-            .reseated
-            .or(self.manifest_at)
-            .is_some_and(|t| t + reseat <= at)
+        self.manifest_at
+            .is_some_and(|m| self.recv[s].reseated.map_or(m, |r| r.max(m)) + reseat <= at)
     }
 
     /// Whether shard `s` may go to its next round of reserve seats: one is
@@ -763,10 +763,14 @@ impl Step {
     fn may_reseat(&self, s: usize) -> bool {
         let r = &self.recv[s];
         !self.next_round(s).is_empty()
-            && !self
-                .probes
-                .iter()
-                .any(|(&(_, shard), p)| shard as usize == s && !p.got)
+            && !self.probes.iter().any(|(&(member, shard), p)| {
+                shard as usize == s
+                    && !p.got
+                    && self
+                        .members
+                        .as_ref()
+                        .is_some_and(|m| m.binary_search(&member).is_ok())
+            })
             && r.accepted.is_none()
             && r.truth.is_none()
             && !r
@@ -1134,6 +1138,9 @@ impl Exchange {
             if r.early.iter().any(|e| e.0 == from && e.1 == manifest) {
                 return Verdict::Duplicate;
             }
+            // One per reserve seat, its latest: made-up manifest ids from
+            // eight reserve seats must not pile up.
+            r.early.retain(|e| e.0 != from);
             r.early.push((from, manifest, hash));
             let due = st.overdue(s, now + self.timing.agree, self.timing.reseat);
             if !due || !st.may_reseat(s) {

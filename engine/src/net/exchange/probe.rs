@@ -94,9 +94,10 @@ impl Exchange {
             return Verdict::UnknownStep;
         };
         let s = shard as usize;
+        // A seat, or one of the next round of reserve seats (which may
+        // have taken the shard over elsewhere); later rounds hold nothing.
         let seated = |x: u32| {
-            st.seats.get(s).is_some_and(|v| v.contains(&x))
-                || st.reserve.get(s).is_some_and(|v| v.contains(&x))
+            st.seats.get(s).is_some_and(|v| v.contains(&x)) || st.next_round(s).contains(&x)
         };
         if !seated(from) {
             return Verdict::NotASeat;
@@ -182,6 +183,8 @@ impl Exchange {
         };
         p.got = true;
         p.ask.back();
+        // The shard may go to its reserve seats now (`Step::may_reseat`).
+        self.dirty.insert((step, shard));
         for &to in p.claimers.iter().filter(|&&c| c != self.me) {
             self.out.push(Action::Forward {
                 step,

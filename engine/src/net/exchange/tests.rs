@@ -1137,6 +1137,45 @@ fn a_listed_member_whose_slices_nobody_serves_is_given_up_everywhere_and_the_rep
 }
 
 #[test]
+fn a_withholder_given_up_does_not_keep_the_fall_back_manifest_s_shards_from_their_reserve_seats() {
+    // (A review's case: a look for a withheld slice that never resolved
+    // blocked reserve seats for good, even once the fall-back manifest
+    // had left the withholder out.)
+    let mut w = World::new(10, 10, 2, none, none);
+    w.withholding.insert(3);
+    let members = listed_all(&mut w);
+    w.run_until(Duration::from_secs(120));
+    let gave_up: BTreeSet<u32> = w.withheld.iter().map(|x| x.0).collect();
+    assert!(gave_up.contains(&0), "{:?}", w.withheld);
+    // Then both seats of a shard the withholder does not sit on die, and
+    // the fall-back manifest lists neither them nor the withholder.
+    let s = (0..10u32)
+        .find(|&s| !w.seats[s as usize].contains(&3))
+        .unwrap();
+    let dead = w.seats[s as usize].clone();
+    for &a in &dead {
+        w.silent.insert(a);
+    }
+    let without: Vec<u32> = members
+        .into_iter()
+        .filter(|m| *m != 3 && !dead.contains(m))
+        .collect();
+    let m2 = [0xB0; 32];
+    for &i in &without {
+        w.nodes[i as usize].on_manifest(w.now, 0, m2, &without);
+    }
+    w.run_until(w.now + Duration::from_secs(200));
+    for &i in &without {
+        assert!(
+            w.applied.get(&i).is_some_and(|a| a.contains(&0)),
+            "{i}: {:?}",
+            w.applied
+        );
+        assert_eq!(w.nodes[i as usize].accepted(0, s), Some(truth_for(s, m2)));
+    }
+}
+
+#[test]
 fn a_member_serving_everyone_but_the_seats_has_its_slice_handed_to_them() {
     let mut w = World::new(8, 8, 2, none, none);
     w.withholding.insert(3);
