@@ -928,7 +928,16 @@ fn tried(
         } else if ["sharedk", "shared", "sharedagg", "signagg"].contains(&method)
             || method.starts_with("sharedlook")
         {
-            format!("{method} ({} drawn coefficients per chunk)", field("topk"))
+            // The decoder in the group too: runs of one grid point under
+            // another decoder must not stand in for one another's seeds.
+            let decoder = match (field("decode"), field("adaptive")) {
+                ("Sign", "0") => String::new(),
+                (d, a) => format!(", decoder {d}, adaptive β2 {a}"),
+            };
+            format!(
+                "{method} ({} drawn coefficients per chunk{decoder})",
+                field("topk")
+            )
         } else if method.starts_with("local") {
             format!(
                 "{method} ({} drawn coefficients per chunk an exchange)",
