@@ -316,11 +316,10 @@ pub fn seed_job(seed: u32) -> [u8; 32] {
     *blake3::hash(format!("cohort-convergence-seed-{seed}").as_bytes()).as_bytes()
 }
 
-/// Dense data-parallel training: every member's full gradient, averaged in
-/// member order (an all-reduce), then AdamW or sign-SGD with momentum.
-fn dense(p: &Point, cfg: &RunConfig, corpus: &Corpus) -> Result<Outcome> {
+/// One trainer per member, every one on the run's initial weights.
+fn trainers(cfg: &RunConfig, corpus: &Corpus) -> Result<Vec<Trainer>> {
     let init_seed = runner::epoch_seed(&cfg.job, u32::MAX);
-    let mut members = (0..cfg.members)
+    Ok((0..cfg.members)
         .map(|i| {
             Trainer::new(
                 cfg.train,
@@ -334,7 +333,13 @@ fn dense(p: &Point, cfg: &RunConfig, corpus: &Corpus) -> Result<Outcome> {
                 },
             )
         })
-        .collect::<Result<Vec<_>, _>>()?;
+        .collect::<Result<Vec<_>, _>>()?)
+}
+
+/// Dense data-parallel training: every member's full gradient, averaged in
+/// member order (an all-reduce), then AdamW or sign-SGD with momentum.
+fn dense(p: &Point, cfg: &RunConfig, corpus: &Corpus) -> Result<Outcome> {
+    let mut members = trainers(cfg, corpus)?;
     let mut params = members[0].params().clone();
     let sizes: Vec<usize> = params.values.iter().map(Vec::len).collect();
     let mut adam = AdamW::new(&sizes, cfg.train.weight_decay);
@@ -508,22 +513,7 @@ fn local(p: &Point, cfg: &RunConfig, corpus: &Corpus, h: u32) -> Result<Outcome>
     if p.schedule != Schedule::Lockstep {
         anyhow::bail!("method local{h} runs lock-step only: add --schedule lockstep");
     }
-    let init_seed = runner::epoch_seed(&cfg.job, u32::MAX);
-    let mut members = (0..cfg.members)
-        .map(|i| {
-            Trainer::new(
-                cfg.train,
-                &init_seed,
-                corpus.clone(),
-                backend::cpu(),
-                Identity {
-                    job: cfg.job,
-                    member: runner::member_key(i),
-                    index: i as u32,
-                },
-            )
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    let mut members = trainers(cfg, corpus)?;
     let mut params = members[0].params().clone();
     let sizes: Vec<usize> = params.values.iter().map(Vec::len).collect();
     let mut inner: Vec<AdamW> = (0..cfg.members).map(|_| AdamW::new(&sizes, 0.0)).collect();
@@ -553,8 +543,11 @@ fn local(p: &Point, cfg: &RunConfig, corpus: &Corpus, h: u32) -> Result<Outcome>
                 .zip(&own)
                 .map(|(m, w)| {
                     let index = m.id.index;
-                    let mut mine = params.clone();
-                    mine.values = w.clone();
+                    let mine = cohort_engine::params::ParamSet {
+                        names: params.names.clone(),
+                        shapes: params.shapes.clone(),
+                        values: w.clone(),
+                    };
                     s.spawn(move || -> Result<_> {
                         m.set_params(mine, step)?;
                         Ok(m.member_gradients(&seed, epoch, step, index)?.1)

@@ -936,12 +936,20 @@ fn a_sum_hash_for_another_manifest_is_kept_apart_and_cannot_outvote_the_current_
 /// (they contribute nothing); the others compute, are listed, and run
 /// until nothing is left to do.
 fn dead_seats(reserve: bool) -> (World, Vec<u32>) {
-    let mut w = World::with_reserve(8, 8, 2, none, none, reserve);
+    let w = World::with_reserve(8, 8, 2, none, none, reserve);
     let dead = w.seats[0].clone();
-    for &a in &dead {
+    run_with_dead(w, &dead)
+}
+
+/// `dead` die after the step's payloads are computed (they contribute
+/// nothing); the others compute, are listed, and run until nothing is
+/// left to do. Returns the world and the members alive.
+fn run_with_dead(mut w: World, dead: &[u32]) -> (World, Vec<u32>) {
+    let n = w.nodes.len() as u32;
+    for &a in dead {
         w.silent.insert(a);
     }
-    let alive: Vec<u32> = (0..8).filter(|i| !dead.contains(i)).collect();
+    let alive: Vec<u32> = (0..n).filter(|i| !dead.contains(i)).collect();
     for &i in &alive {
         w.nodes[i as usize].on_computed(0);
     }
@@ -991,24 +999,11 @@ fn a_shard_whose_seats_are_all_dead_goes_to_its_reserve_seats_and_the_step_appli
 fn a_shard_whose_seats_and_first_reserve_seats_are_all_dead_goes_to_the_next_reserve_seats() {
     // Shard 0's seats die, and so do the two reserve seats it would go to
     // first: the step used to stall for good.
-    let mut w = World::with_reserve(10, 10, 2, none, none, true);
+    let w = World::with_reserve(10, 10, 2, none, none, true);
     let members: Vec<u32> = (0..10).collect();
     let reserve = shard::reserve(&members, &w.seats, 2, Draw(8));
     let dead: Vec<u32> = w.seats[0].iter().chain(&reserve[0][..2]).copied().collect();
-    for &a in &dead {
-        w.silent.insert(a);
-    }
-    let alive: Vec<u32> = (0..10).filter(|i| !dead.contains(i)).collect();
-    for &i in &alive {
-        w.nodes[i as usize].on_computed(0);
-    }
-    w.settle();
-    let listed: Vec<u32> = w.announced.iter().copied().collect();
-    assert_eq!(listed, alive);
-    for &i in &alive {
-        w.nodes[i as usize].on_manifest(w.now, 0, M, &listed);
-    }
-    w.run();
+    let (w, alive) = run_with_dead(w, &dead);
     for i in &alive {
         assert_eq!(w.applied.get(i), Some(&vec![0]), "{:?}", w.applied);
         assert_eq!(w.nodes[*i as usize].accepted(0, 0), Some(truth(0)));
