@@ -60,6 +60,13 @@ pub enum Method {
     /// only: every member's inner steps start from the weights the last
     /// exchange left.
     Local(u8),
+    /// A bench-only prototype: the shared rule's decoded signs (every
+    /// node holds the same) are smoothed by an outer momentum of decay
+    /// `B`/100 kept by every node, and each step moves by the sign of
+    /// that momentum: signSGD with momentum on the shared direction, on
+    /// top of the members' error feedback. Deterministic from the
+    /// decoded votes alone, so every node would keep the same state.
+    Outer(u8),
 }
 
 impl Method {
@@ -97,6 +104,7 @@ impl Method {
             Method::SharedAgg { sign: true } => "signagg".into(),
             Method::SharedLook(p) => format!("sharedlook{p}"),
             Method::Local(h) => format!("local{h}"),
+            Method::Outer(b) => format!("outer{b}"),
         }
     }
 
@@ -125,6 +133,10 @@ impl Method {
             Method::Local(h) => format!(
                 "local AdamW, {h} steps, then shared signs of the pseudo-gradient (prototype)"
             ),
+            Method::Outer(b) => format!(
+                "Cohort shared signs + outer momentum {} on the decoded signs (prototype)",
+                b as f32 / 100.0
+            ),
         }
     }
 
@@ -147,6 +159,18 @@ impl Method {
             })?;
             return Ok(Method::Local(h));
         }
+        if let Some(b) = s.strip_prefix("outer") {
+            let b = b
+                .parse::<u8>()
+                .ok()
+                .filter(|b| *b > 0 && *b < 100)
+                .ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "method `{s}`: expected outer<B>, B the outer decay in % (1 to 99)"
+                    )
+                })?;
+            return Ok(Method::Outer(b));
+        }
         for sign in [false, true] {
             if s == (Method::SharedAgg { sign }).key() {
                 return Ok(Method::SharedAgg { sign });
@@ -157,7 +181,7 @@ impl Method {
             .find(|m| m.key() == s)
             .ok_or_else(|| {
                 anyhow::anyhow!(
-                    "unknown method `{s}`: expected adamw, sign, cohort, shared, topagg<K>, sharedagg, signagg, sharedlook<P> or local<H>"
+                    "unknown method `{s}`: expected adamw, sign, cohort, shared, topagg<K>, sharedagg, signagg, sharedlook<P>, local<H> or outer<B>"
                 )
             })
     }
@@ -218,7 +242,10 @@ impl Setting {
     /// Coefficients per chunk `method` sends.
     pub fn k(&self, method: Method) -> usize {
         match method {
-            Method::Shared | Method::SharedAgg { .. } | Method::SharedLook(_) => self.shared_k,
+            Method::Shared
+            | Method::SharedAgg { .. }
+            | Method::SharedLook(_)
+            | Method::Outer(_) => self.shared_k,
             Method::Local(h) => self.shared_k * h as usize,
             _ => self.topk,
         }
@@ -275,7 +302,8 @@ impl Setting {
             | Method::SignSgd
             | Method::TopAgg(_)
             | Method::SharedAgg { .. }
-            | Method::SharedLook(_) => dense(p, &cfg, corpus),
+            | Method::SharedLook(_)
+            | Method::Outer(_) => dense(p, &cfg, corpus),
             Method::Local(h) => local(p, &cfg, corpus, h as u32),
         }
     }
@@ -354,12 +382,14 @@ fn dense(p: &Point, cfg: &RunConfig, corpus: &Corpus) -> Result<Outcome> {
     // The weights before the last applied update (`SharedLook` only).
     let mut previous: Option<cohort_engine::params::ParamSet> = None;
     let cut = match p.method {
-        Method::TopAgg(_) | Method::SharedAgg { .. } | Method::SharedLook(_) => {
+        Method::TopAgg(_) | Method::SharedAgg { .. } | Method::SharedLook(_) | Method::Outer(_) => {
             let compress = CompressConfig {
                 decay: p.momentum,
                 decode: Decode::Sign,
                 select: match p.method {
-                    Method::SharedAgg { .. } | Method::SharedLook(_) => Select::Shared,
+                    Method::SharedAgg { .. } | Method::SharedLook(_) | Method::Outer(_) => {
+                        Select::Shared
+                    }
                     _ => Select::TopK,
                 },
                 ..cfg.train.compress
@@ -435,7 +465,10 @@ fn dense(p: &Point, cfg: &RunConfig, corpus: &Corpus) -> Result<Outcome> {
         }
         match p.method {
             Method::AdamW => adam.step(&mut params.values, &mean_gradient(grads), lr.at(step)),
-            Method::TopAgg(_) | Method::SharedAgg { .. } | Method::SharedLook(_) => {
+            Method::TopAgg(_)
+            | Method::SharedAgg { .. }
+            | Method::SharedLook(_)
+            | Method::Outer(_) => {
                 let (layout, compressors, k) = cut.as_mut().expect("set up for TopAgg");
                 // The draw the engine's members use (it matters only to the
                 // shared rule).
@@ -453,6 +486,27 @@ fn dense(p: &Point, cfg: &RunConfig, corpus: &Corpus) -> Result<Outcome> {
                     aggregate(layout, &weighted, Decode::Sign)
                 } else {
                     aggregate_top(layout, &payloads, *k)
+                };
+                let dirs = match p.method {
+                    // The outer momentum (`momentum`'s buffer, unused
+                    // otherwise on this path) and its sign.
+                    Method::Outer(b) => {
+                        let beta = b as f32 / 100.0;
+                        momentum
+                            .iter_mut()
+                            .zip(&dirs)
+                            .map(|(m, d)| {
+                                m.iter_mut()
+                                    .zip(d)
+                                    .map(|(mi, di)| {
+                                        *mi = beta * *mi + di;
+                                        mi.signum() * (*mi != 0.0) as u8 as f32
+                                    })
+                                    .collect()
+                            })
+                            .collect()
+                    }
+                    _ => dirs,
                 };
                 sign_sgd_step(
                     &mut params.values,
@@ -803,11 +857,13 @@ mod tests {
             Method::TopAgg(3),
             Method::SharedLook(100),
             Method::Local(4),
+            Method::Outer(90),
         ] {
             assert_eq!(Method::parse(&m.key()).unwrap(), m);
         }
         assert!(Method::parse("signagg2").is_err());
         assert!(Method::parse("sharedlook0").is_err());
         assert!(Method::parse("local0").is_err());
+        assert!(Method::parse("outer100").is_err());
     }
 }

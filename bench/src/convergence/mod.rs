@@ -529,6 +529,7 @@ impl Best {
             (Method::SharedAgg { sign: true }, _) => [214, 39, 40],
             (Method::SharedLook(_), _) => [188, 189, 34],
             (Method::Local(_), _) => [127, 127, 127],
+            (Method::Outer(_), _) => [227, 119, 194],
         }
     }
     fn label(&self) -> String {
@@ -927,6 +928,7 @@ fn tried(
             )
         } else if ["sharedk", "shared", "sharedagg", "signagg"].contains(&method)
             || method.starts_with("sharedlook")
+            || method.starts_with("outer")
         {
             // The decoder in the group too: runs of one grid point under
             // another decoder must not stand in for one another's seeds.
