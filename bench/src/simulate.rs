@@ -9,7 +9,7 @@ use cohort_engine::compress::{Layout, Select};
 use cohort_engine::model::ModelConfig;
 use cohort_engine::net::exchange;
 use cohort_engine::net::sim::{SimConfig, SimResult, simulate};
-use cohort_engine::net::sim_sharded::{GossipCost, ShardedConfig, simulate_sharded};
+use cohort_engine::net::sim_sharded::{GossipCost, ShardedConfig, SumSource, simulate_sharded};
 use cohort_engine::net::step::Timing;
 use cohort_engine::trainer::TrainConfig;
 use cohort_engine::wire::{HEADER_LEN, payload_len};
@@ -49,6 +49,7 @@ const FLAGS: &[&str] = &[
     "wait-secs",
     "withholding",
     "gossip",
+    "sums-from",
 ];
 
 /// The exchange's deadlines as the node ships them, but for `--hedge-secs`,
@@ -510,6 +511,15 @@ fn sharded(
                 _ => 0.0,
             },
         )
+        // 0: sums served by the seats (the node); 1: by any holder, a
+        // what-if (`--sums-from`).
+        .num(
+            "sharded_sums_from_what_if",
+            match SumSource::parse(&a.get("sums-from", "seats".to_string())?) {
+                Some(SumSource::Holders) => 1.0,
+                _ => 0.0,
+            },
+        )
         .num("sharded_spots", spots as f64)
         .num("sharded_backups", backups as f64)
         .num(
@@ -751,6 +761,11 @@ fn sharded_config(a: &Args, base: &SimConfig, positions: u64, bits: u32) -> Resu
             GossipCost::parse(&g).ok_or_else(|| {
                 anyhow::anyhow!("--gossip {g}: expected shipped, no-sum-hashes or free")
             })?
+        },
+        sums_from: {
+            let g: String = a.get("sums-from", "seats".to_string())?;
+            SumSource::parse(&g)
+                .ok_or_else(|| anyhow::anyhow!("--sums-from {g}: expected seats or holders"))?
         },
     })
 }

@@ -15,7 +15,7 @@ use super::exchange::{self, Action as XAction, Exchange, Hash, ManifestId};
 use super::msg::{Announce, Manifest};
 use super::sim::{Alarm, Events, Rng, SimConfig, SimResult, Uplink};
 use super::step::{Action, StepMachine};
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::Duration;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -41,6 +41,34 @@ pub struct ShardedConfig {
     pub withholding: Vec<u32>,
     /// What the job's gossip costs the links.
     pub gossip: GossipCost,
+    /// Who serves a shard's sum.
+    pub sums_from: SumSource,
+}
+
+/// Who serves a shard's sum: its seats, as the node does, or, as a
+/// what-if that bounds a redesign, any node the sum has already reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SumSource {
+    /// The seat the exchange asks.
+    #[default]
+    Seats,
+    /// A node drawn at random among those that hold the sum already (its
+    /// seats once they published it, and every node it reached), or the
+    /// seat asked while nobody else does. The answer counts as the seat's
+    /// (the asker checks it against the seats' signed hashes either way).
+    /// Idealised: every node knows at once who holds what, which the
+    /// node would have to learn (from a seeded relay tree, say).
+    Holders,
+}
+
+impl SumSource {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "seats" => Some(Self::Seats),
+            "holders" => Some(Self::Holders),
+            _ => None,
+        }
+    }
 }
 
 /// What the job's gossip costs the links: the node's, or a what-if that
@@ -168,9 +196,12 @@ enum What {
         shard: u32,
         member: u32,
     },
+    /// A shard's sum, as if from `seat` (its server may be another
+    /// holder under [`SumSource::Holders`]).
     Sum {
         step: u32,
         shard: u32,
+        seat: u32,
     },
     Slices {
         step: u32,
@@ -455,6 +486,11 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
     let mut manifests: Vec<Manifest> = Vec::new();
     // Sums published: (step, shard, aggregator).
     let mut published: HashSet<(u32, u32, u32)> = HashSet::new();
+    // Who holds each (step, shard)'s sum, under [`SumSource::Holders`].
+    let mut holders: HashMap<(u32, u32), Vec<u32>> = HashMap::new();
+    let mut held: HashSet<(u32, u32, u32)> = HashSet::new();
+    // Its own draws, so that the run's other draws stay those of `Seats`.
+    let mut pick = Rng::new(base.seed ^ 0x686f_6c64_6572_7321);
     let mut queue = Events::new();
     let mut contributors = (0u64, 0u64);
     let mut convictions = 0u64;
@@ -544,9 +580,11 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
                         shard,
                         member,
                     } => member == node || nodes[node as usize].ex.holds(step, shard, member),
-                    What::Sum { step, shard } | What::Slices { step, shard, .. } => {
+                    What::Sum { step, shard, .. } => {
                         published.contains(&(step, shard, node))
+                            || held.contains(&(step, shard, node))
                     }
+                    What::Slices { step, shard, .. } => published.contains(&(step, shard, node)),
                 };
                 if !can {
                     let at = now + link(&nodes, node, to);
@@ -638,8 +676,11 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
                     } => {
                         me.ex.on_slice(step, shard, member);
                     }
-                    What::Sum { step, shard } => {
-                        me.ex.on_sum(d, step, shard, from, TRUE_SUM);
+                    What::Sum { step, shard, seat } => {
+                        me.ex.on_sum(d, step, shard, seat, TRUE_SUM);
+                        if cfg.sums_from == SumSource::Holders && held.insert((step, shard, node)) {
+                            holders.entry((step, shard)).or_default().push(node);
+                        }
                     }
                     What::Slices {
                         step,
@@ -665,7 +706,7 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
                         shard,
                         member,
                     } => ex.on_slice_failed(d, step, shard, member),
-                    What::Sum { step, shard } => ex.on_fetch_failed(d, step, shard),
+                    What::Sum { step, shard, .. } => ex.on_fetch_failed(d, step, shard),
                     What::Slices { step, shard, .. } => ex.on_recompute_failed(d, step, shard),
                     What::Probe {
                         step,
@@ -929,15 +970,31 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
                         manifest,
                     } => {
                         published.insert((step, shard, node));
+                        if cfg.sums_from == SumSource::Holders && held.insert((step, shard, node)) {
+                            holders.entry((step, shard)).or_default().push(node);
+                        }
                         sums.push((step, manifest, shard));
                     }
-                    XAction::FetchSum { step, shard, from } => request(
-                        &mut queue,
-                        &mut rng,
-                        &nodes,
-                        from,
-                        What::Sum { step, shard },
-                    ),
+                    XAction::FetchSum { step, shard, from } => {
+                        let server = match holders.get(&(step, shard)) {
+                            Some(h) if cfg.sums_from == SumSource::Holders && !h.is_empty() => {
+                                let i = ((pick.next() * h.len() as f64) as usize).min(h.len() - 1);
+                                if h[i] == node { from } else { h[i] }
+                            }
+                            _ => from,
+                        };
+                        request(
+                            &mut queue,
+                            &mut rng,
+                            &nodes,
+                            server,
+                            What::Sum {
+                                step,
+                                shard,
+                                seat: from,
+                            },
+                        )
+                    }
                     XAction::Recompute {
                         step,
                         shard,
@@ -1208,7 +1265,32 @@ mod tests {
             timing: exchange::Timing::default(),
             withholding: Vec::new(),
             gossip: GossipCost::Shipped,
+            sums_from: SumSource::Seats,
         }
+    }
+
+    #[test]
+    fn sums_served_by_their_holders_take_the_load_off_the_seats_and_every_step_still_applies() {
+        let seats = cfg(48);
+        let holders = ShardedConfig {
+            sums_from: SumSource::Holders,
+            ..seats.clone()
+        };
+        let (a, b) = (
+            simulate_sharded(&seats, false),
+            simulate_sharded(&holders, false),
+        );
+        for r in [&a, &b] {
+            assert_eq!(r.run.steps, 6, "{r:?}");
+            assert_eq!(r.convictions, 0, "{r:?}");
+        }
+        // The same sums are served, by more nodes: the most any node
+        // uploads falls, the mean does not move much.
+        assert!(b.up_max < a.up_max, "{a:?}\n{b:?}");
+        assert!(
+            (b.uploads.sums - a.uploads.sums).abs() < 0.2 * a.uploads.sums,
+            "{a:?}\n{b:?}"
+        );
     }
 
     #[test]
