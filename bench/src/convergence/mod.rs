@@ -1022,8 +1022,10 @@ fn tried(
              shared weights, then sends the shared rule's signs of its pseudo-gradient on H times \
              as many drawn coefficients, so the bytes a step are the shared rule's, and every node \
              takes one sign step of H × lr ÷ 3 (lr is the inner AdamW's; the momentum is the error \
-             feedback's decay, per exchange). The bytes of *sharedk*, *topagg*, *sharedagg* and *signagg* \
-             count \
+             feedback's decay, per exchange); *outerB* — a prototype: the shared rule's decoded \
+             signs smoothed by an outer momentum of decay B/100 that every node keeps, each step \
+             moving by its sign (the momentum is the members' error-feedback decay). The bytes of \
+             *sharedk*, *topagg*, *sharedagg*, *signagg* and *outerB* count \
              the payload alone, as each run logged it; Cohort's, *shared*'s and *sharedlookP*'s count one encoded \
              contribution in today's wire format (version {}), its {}-byte header included and \
              its {}-byte signature not, and the dense methods' their fp32 gradient.\n",
