@@ -1100,12 +1100,20 @@ fn listed_all(w: &mut World) -> Vec<u32> {
     members
 }
 
-#[test]
-fn a_listed_member_whose_slices_nobody_serves_is_given_up_everywhere_and_the_replacement_applies() {
-    let mut w = World::new(8, 8, 2, none, none);
+/// `n` members, all listed, member 3 announcing but serving its slices
+/// only to probes (if `serves_probes`) or to nobody; two minutes run.
+fn member_3_withholds(n: u32, serves_probes: bool) -> (World, Vec<u32>) {
+    let mut w = World::new(n, n as usize, 2, none, none);
     w.withholding.insert(3);
+    w.serves_probes = serves_probes;
     let members = listed_all(&mut w);
     w.run_until(Duration::from_secs(120));
+    (w, members)
+}
+
+#[test]
+fn a_listed_member_whose_slices_nobody_serves_is_given_up_everywhere_and_the_replacement_applies() {
+    let (mut w, members) = member_3_withholds(8, false);
     // (The withholder's own machine, which holds its slices, may go on.)
     assert!(
         w.applied.keys().all(|&i| i == 3),
@@ -1136,10 +1144,7 @@ fn a_withholder_given_up_does_not_keep_the_fall_back_manifest_s_shards_from_thei
     // (A review's case: a look for a withheld slice that never resolved
     // blocked reserve seats for good, even once the fall-back manifest
     // had left the withholder out.)
-    let mut w = World::new(10, 10, 2, none, none);
-    w.withholding.insert(3);
-    let members = listed_all(&mut w);
-    w.run_until(Duration::from_secs(120));
+    let (mut w, members) = member_3_withholds(10, false);
     let gave_up: BTreeSet<u32> = w.withheld.iter().map(|x| x.0).collect();
     assert!(gave_up.contains(&0), "{:?}", w.withheld);
     // Then both seats of a shard the withholder does not sit on die, and
@@ -1172,11 +1177,7 @@ fn a_withholder_given_up_does_not_keep_the_fall_back_manifest_s_shards_from_thei
 
 #[test]
 fn a_member_serving_everyone_but_the_seats_has_its_slice_handed_to_them() {
-    let mut w = World::new(8, 8, 2, none, none);
-    w.withholding.insert(3);
-    w.serves_probes = true;
-    listed_all(&mut w);
-    w.run_until(Duration::from_secs(120));
+    let (w, _) = member_3_withholds(8, true);
     assert!(!w.claims.is_empty());
     // Nodes got the slice the seats could not, and handed it over.
     for &(seat, _) in &w.claims {
