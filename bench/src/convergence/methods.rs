@@ -16,6 +16,8 @@ use cohort_engine::trainer::{Identity, TrainConfig, Trainer};
 use cohort_engine::wire;
 use std::time::Instant;
 
+use super::codebook::Book;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Method {
     AdamW,
@@ -67,6 +69,14 @@ pub enum Method {
     /// top of the members' error feedback. Deterministic from the
     /// decoded votes alone, so every node would keep the same state.
     Outer(u8),
+    /// A bench-only prototype ([`codebook`]): per large chunk, the best of
+    /// 2^B shared random sparse codewords in the DCT domain, greedily in as
+    /// many groups as fit the shared rule's bits; look-ahead `look`% on the
+    /// stale schedule, as [`Method::SharedLook`].
+    Vq {
+        book: Book,
+        look: u8,
+    },
 }
 
 impl Method {
@@ -78,6 +88,16 @@ impl Method {
             Method::SharedLook((look * 100.0).round() as u8)
         } else {
             Method::Shared
+        }
+    }
+
+    /// The look-ahead this method computes its stale gradients with, in %
+    /// of the last update (`Some(0)`: none, but the loop keeps the state).
+    pub fn look(self) -> Option<u8> {
+        match self {
+            Method::SharedLook(p) => Some(p),
+            Method::Vq { look, .. } if look > 0 => Some(look),
+            _ => None,
         }
     }
 
@@ -105,6 +125,16 @@ impl Method {
             Method::SharedLook(p) => format!("sharedlook{p}"),
             Method::Local(h) => format!("local{h}"),
             Method::Outer(b) => format!("outer{b}"),
+            Method::Vq { book, look } => format!(
+                "vq{}x{}{}",
+                book.bits,
+                book.spread,
+                if look > 0 {
+                    format!("look{look}")
+                } else {
+                    String::new()
+                }
+            ),
         }
     }
 
@@ -136,6 +166,16 @@ impl Method {
             Method::Outer(b) => format!(
                 "Cohort shared signs + outer momentum {} on the decoded signs (prototype)",
                 b as f32 / 100.0
+            ),
+            Method::Vq { book, look } => format!(
+                "Cohort, best of 2^{} shared codewords of {} positions per group{} (prototype)",
+                book.bits,
+                book.spread,
+                if look > 0 {
+                    format!(", look-ahead {}", look as f32 / 100.0)
+                } else {
+                    String::new()
+                }
             ),
         }
     }
@@ -171,6 +211,24 @@ impl Method {
                 })?;
             return Ok(Method::Outer(b));
         }
+        if let Some(rest) = s.strip_prefix("vq") {
+            let (body, look) = match rest.split_once("look") {
+                Some((b, l)) => (b, l.parse::<u8>().ok().filter(|l| *l > 0)),
+                None => (rest, Some(0)),
+            };
+            let parsed = body
+                .split_once('x')
+                .and_then(|(b, x)| Some((b.parse::<u8>().ok()?, x.parse::<u8>().ok()?)));
+            return match (parsed, look) {
+                (Some((bits @ 1..=20, spread @ 1..)), Some(look)) => Ok(Method::Vq {
+                    book: Book { bits, spread },
+                    look,
+                }),
+                _ => Err(anyhow::anyhow!(
+                    "method `{s}`: expected vq<B>x<S>[look<P>], B index bits 1 to 20, S positions per codeword"
+                )),
+            };
+        }
         for sign in [false, true] {
             if s == (Method::SharedAgg { sign }).key() {
                 return Ok(Method::SharedAgg { sign });
@@ -181,7 +239,7 @@ impl Method {
             .find(|m| m.key() == s)
             .ok_or_else(|| {
                 anyhow::anyhow!(
-                    "unknown method `{s}`: expected adamw, sign, cohort, shared, topagg<K>, sharedagg, signagg, sharedlook<P>, local<H> or outer<B>"
+                    "unknown method `{s}`: expected adamw, sign, cohort, shared, topagg<K>, sharedagg, signagg, sharedlook<P>, local<H>, outer<B> or vq<B>x<S>[look<P>]"
                 )
             })
     }
@@ -245,7 +303,8 @@ impl Setting {
             Method::Shared
             | Method::SharedAgg { .. }
             | Method::SharedLook(_)
-            | Method::Outer(_) => self.shared_k,
+            | Method::Outer(_)
+            | Method::Vq { .. } => self.shared_k,
             Method::Local(h) => self.shared_k * h as usize,
             _ => self.topk,
         }
@@ -303,7 +362,8 @@ impl Setting {
             | Method::TopAgg(_)
             | Method::SharedAgg { .. }
             | Method::SharedLook(_)
-            | Method::Outer(_) => dense(p, &cfg, corpus),
+            | Method::Outer(_)
+            | Method::Vq { .. } => dense(p, &cfg, corpus),
             Method::Local(h) => local(p, &cfg, corpus, h as u32),
         }
     }
@@ -382,14 +442,19 @@ fn dense(p: &Point, cfg: &RunConfig, corpus: &Corpus) -> Result<Outcome> {
     // The weights before the last applied update (`SharedLook` only).
     let mut previous: Option<cohort_engine::params::ParamSet> = None;
     let cut = match p.method {
-        Method::TopAgg(_) | Method::SharedAgg { .. } | Method::SharedLook(_) | Method::Outer(_) => {
+        Method::TopAgg(_)
+        | Method::SharedAgg { .. }
+        | Method::SharedLook(_)
+        | Method::Outer(_)
+        | Method::Vq { .. } => {
             let compress = CompressConfig {
                 decay: p.momentum,
                 decode: Decode::Sign,
                 select: match p.method {
-                    Method::SharedAgg { .. } | Method::SharedLook(_) | Method::Outer(_) => {
-                        Select::Shared
-                    }
+                    Method::SharedAgg { .. }
+                    | Method::SharedLook(_)
+                    | Method::Outer(_)
+                    | Method::Vq { .. } => Select::Shared,
                     _ => Select::TopK,
                 },
                 ..cfg.train.compress
@@ -446,7 +511,7 @@ fn dense(p: &Point, cfg: &RunConfig, corpus: &Corpus) -> Result<Outcome> {
         if p.schedule == Schedule::OneStepStale && step + 1 < cfg.steps {
             // Computed on weights step `step` has not been applied to yet
             // (or, for `SharedLook`, on those extrapolated by the last update).
-            if let (Method::SharedLook(pct), Some(prev)) = (p.method, &previous) {
+            if let (Some(pct), Some(prev)) = (p.method.look(), &previous) {
                 let gamma = pct as f32 / 100.0;
                 let mut look = params.clone();
                 for (l, w0) in look.values.iter_mut().zip(&prev.values) {
@@ -460,11 +525,28 @@ fn dense(p: &Point, cfg: &RunConfig, corpus: &Corpus) -> Result<Outcome> {
             }
             ahead = Some(member_gradients(&mut members, step + 1)?);
         }
-        if matches!(p.method, Method::SharedLook(_)) {
+        if p.method.look().is_some() {
             previous = Some(params.clone());
         }
         match p.method {
             Method::AdamW => adam.step(&mut params.values, &mean_gradient(grads), lr.at(step)),
+            Method::Vq { book, .. } => {
+                let (layout, compressors, _) = cut.as_mut().expect("set up for Vq");
+                let draw = Draw::for_step(&cfg.job, step);
+                let picks: Vec<_> = compressors
+                    .iter_mut()
+                    .zip(&grads)
+                    .map(|(c, g)| book.compress(layout, &mut c.momentum, g, p.momentum, draw))
+                    .collect();
+                bytes_per_member_step = book.payload_len(layout) as f64;
+                let dirs = book.decode(layout, &picks, draw, Decode::Sign);
+                sign_sgd_step(
+                    &mut params.values,
+                    &dirs,
+                    lr.at(step),
+                    cfg.train.weight_decay,
+                );
+            }
             Method::TopAgg(_)
             | Method::SharedAgg { .. }
             | Method::SharedLook(_)

@@ -4,6 +4,7 @@
 //! several seeds, on the one-step-stale schedule the node ships; the ratio to
 //! the best-tuned AdamW reported at several horizons.
 
+mod codebook;
 mod methods;
 mod runs;
 
@@ -530,6 +531,7 @@ impl Best {
             (Method::SharedLook(_), _) => [188, 189, 34],
             (Method::Local(_), _) => [127, 127, 127],
             (Method::Outer(_), _) => [227, 119, 194],
+            (Method::Vq { .. }, _) => [255, 127, 14],
         }
     }
     fn label(&self) -> String {
