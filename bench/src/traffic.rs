@@ -57,7 +57,7 @@ fn num(line: &str, key: &str) -> Option<f64> {
     peers::field(line, key)?.parse().ok()
 }
 
-fn run_once(s: &Settings, sharded: bool) -> Result<Run> {
+fn run_once(s: &Settings, sharded: bool, libp2p_signed: bool) -> Result<Run> {
     let exe = std::env::current_exe()?;
     let ports = peers::free_ports(s.members)?;
     let mut children = Vec::new();
@@ -80,6 +80,9 @@ fn run_once(s: &Settings, sharded: bool) -> Result<Run> {
         } else {
             // Whatever the member count would choose.
             c.args(["--shards", "0"]);
+        }
+        if libp2p_signed {
+            c.args(["--gossip-signing", "libp2p"]);
         }
         peers::dial_others(&mut c, &ports, i)?;
         let mut child = c.spawn().context("spawning a member process")?;
@@ -191,15 +194,25 @@ pub fn run(raw: &[String]) -> Result<()> {
         "traffic: {} members × {} steps of `{}` batch {}, {} shards × {} seats, {} Mbit/s and {} ms per link, {repeats} interleaved repeats on {cores} cores; payload {payload:.0} B, aggregate {aggregate:.0} B",
         s.members, s.steps, s.arch, s.batch, s.shards, s.redundancy, s.mbit, s.rtt_ms
     );
+    // The third variant is the sharded exchange with gossip signed by
+    // gossipsub as well, as before message version 8: what dropping that
+    // signature saves, measured in the same run.
     let variants = [
-        ("all-to-all (baseline)", "all_to_all", false),
-        ("sharded", "sharded", true),
+        ("all-to-all (baseline)", "all_to_all", false, false),
+        ("sharded", "sharded", true, false),
+        (
+            "sharded, gossip signed by gossipsub too (before message version 8)",
+            "sharded_libp2p_signed",
+            true,
+            true,
+        ),
     ];
     let mut runs: Vec<Vec<Run>> = variants.iter().map(|_| Vec::new()).collect();
     for r in 0..repeats {
-        for (i, (label, _, sharded)) in variants.iter().enumerate() {
+        for (i, (label, _, sharded, signed)) in variants.iter().enumerate() {
             println!("repeat {}/{repeats}: {label} …", r + 1);
-            runs[i].push(run_once(&s, *sharded).with_context(|| format!("variant {label}"))?);
+            runs[i]
+                .push(run_once(&s, *sharded, *signed).with_context(|| format!("variant {label}"))?);
         }
     }
     let mut f = Figures::default();
@@ -216,7 +229,7 @@ pub fn run(raw: &[String]) -> Result<()> {
         .num("payload_bytes", payload)
         .num("aggregate_bytes", aggregate);
     let mut md = format!(
-        "## Traffic per member per step: all-to-all vs sharded\n\n`cargo run --release -p cohort-bench -- traffic`: {} member processes of `{}` (batch {}) on loopback, every link shaped to {} Mbit/s and {} ms round trip, {} steps; the sharded exchange with {} shards and {} seats a shard; {repeats} repeats, the variants interleaved. *On the wire* is every byte a member's TCP connections carried (gossip relayed for others, libp2p's framing, encryption, identify, ping and the DHT included); *messages* is what its node counted of its own: gossip it published or took in, requests, answers. The unit is one signed contribution ({payload:.0} B); one aggregate (every shard's sums, at the width {} one-vote members need) is {aggregate:.0} B. Figures are per member per step: the mean over every member of every repeat, in payloads (smallest–largest member). {cores} cores run all {} processes, so seconds per step show compute contention more than the links; gossip that comes with time (heartbeats every 0.5 s from every member, gossipsub's own control messages, each relayed by several mesh peers) grows with them.\n\n| exchange | on the wire, sent | on the wire, received | messages sent | messages received | s / step |\n|---|---|---|---|---|---|\n",
+        "## Traffic per member per step: all-to-all vs sharded\n\n`cargo run --release -p cohort-bench -- traffic`: {} member processes of `{}` (batch {}) on loopback, every link shaped to {} Mbit/s and {} ms round trip, {} steps; the sharded exchange with {} shards and {} seats a shard; {repeats} repeats, the variants interleaved (the third is the sharded exchange with every gossip message also signed by gossipsub, with its author and sequence number, as the node did before message version 8: our own signed envelope already covers every message). *On the wire* is every byte a member's TCP connections carried (gossip relayed for others, libp2p's framing, encryption, identify, ping and the DHT included); *messages* is what its node counted of its own: gossip it published or took in, requests, answers. The unit is one signed contribution ({payload:.0} B); one aggregate (every shard's sums, at the width {} one-vote members need) is {aggregate:.0} B. Figures are per member per step: the mean over every member of every repeat, in payloads (smallest–largest member). {cores} cores run all {} processes, so seconds per step show compute contention more than the links; gossip that comes with time (heartbeats every 0.5 s from every member, gossipsub's own control messages, each relayed by several mesh peers) grows with them.\n\n| exchange | on the wire, sent | on the wire, received | messages sent | messages received | s / step |\n|---|---|---|---|---|---|\n",
         s.members,
         s.arch,
         s.batch,
@@ -231,7 +244,7 @@ pub fn run(raw: &[String]) -> Result<()> {
     println!(
         "\n| exchange | wire sent | wire received | messages sent | messages received | s/step |"
     );
-    for ((label, key, _), rs) in variants.iter().zip(&runs) {
+    for ((label, key, _, _), rs) in variants.iter().zip(&runs) {
         let cols: [(&str, (f64, f64, f64)); 4] = [
             ("wire_sent", over_members(rs, |r| &r.wire_up)),
             ("wire_received", over_members(rs, |r| &r.wire_down)),

@@ -1362,7 +1362,7 @@ fn hostile(expect: &[Drop], make: fn(&[u8]) -> Vec<u8>, probe: bool) {
     let attacker_key = msg::keypair(&[0xAA; 32]);
     let topic = swarm::topic(&local_job(&job), 0);
     let sent = rt.block_on(async {
-        let mut sw = swarm::build(&attacker_key, Link::default(), false).unwrap();
+        let mut sw = swarm::build(&attacker_key, Link::default(), false, Default::default()).unwrap();
         sw.behaviour_mut().gossip.subscribe(&topic).unwrap();
         let mut redial = true;
         let mut captured: Option<Vec<u8>> = None;

@@ -109,6 +109,7 @@ impl EpochRun<'_> {
                 cosigner: None,
             },
             spill_above: p2p::SPILL_ABOVE,
+            gossip_signing: Default::default(),
             exchange,
         })
     }

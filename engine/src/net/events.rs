@@ -132,6 +132,9 @@ pub struct NodeConfig {
     /// States and momenta this node keeps to serve (four and sixteen of
     /// them, each about the model's size) go to disk from this size on.
     pub spill_above: usize,
+    /// Who signs gossip messages: our envelope only, unless a benchmark
+    /// measures the old way (`swarm::GossipSigning`).
+    pub gossip_signing: crate::net::swarm::GossipSigning,
     /// The sharded exchange's plan; None runs the all-to-all exchange.
     pub exchange: Option<crate::net::exchange::Plan>,
 }

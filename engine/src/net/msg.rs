@@ -43,7 +43,10 @@ use libp2p::identity::ed25519;
 /// 7 (2026-12-06): the ground `Ground::ForeignBasis` (a leader listed its
 /// own contribution, announced on another state), and a member's first
 /// contradicting announcement is forwarded as proof of equivocation.
-pub const VERSION: u8 = 7;
+/// 8 (2026-12-07): gossip carries no gossipsub author, sequence number or
+/// signature (`swarm::GossipSigning`); a version-7 node drops every
+/// message of a version-8 one, and the other way round.
+pub const VERSION: u8 = 8;
 const MAGIC: &[u8; 3] = b"CHN";
 const DOMAIN: &[u8] = b"cohort-net-v1";
 /// Largest gossip message a node accepts: a manifest lists 36 bytes per

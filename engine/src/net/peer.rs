@@ -6,6 +6,7 @@ use super::msg;
 use super::node::{self, NodeConfig, NodeEvent, hex};
 use super::shaper::Link;
 use super::step::Timing;
+use super::swarm::GossipSigning;
 use crate::backend::{self, BackendChoice};
 use crate::data::Corpus;
 use crate::defence::Ground;
@@ -31,6 +32,8 @@ pub const USAGE: &str = "usage: cohort-peer --index I --members N [options]
                       job recipe) or topk (each member's largest, with
                       indices, decay 0.9, lr 2e-3: TrainConfig::top_k) [shared]
   --spill-above BYTES keep states and momenta this large on disk [16777216]
+  --gossip-signing S  envelope (our signature only) or libp2p (gossipsub's
+                      too, as before message version 8; benchmarks) [envelope]
   --rate-mbit X       shape sent bytes to X Mbit/s per peer
   --rtt-ms Y          add Y ms round trip (Y/2 per direction)
   --collect-ms MS     leader's wait for contributions         [3000]
@@ -163,6 +166,7 @@ pub(crate) fn parse(args: &[String]) -> Result<(NodeConfig, BackendChoice), Stri
     let mut topk = None;
     let mut select = None;
     let mut spill_above = node::SPILL_ABOVE;
+    let mut gossip_signing = GossipSigning::default();
     let (mut shards, mut redundancy) = (None::<usize>, None::<usize>);
     let mut backend = BackendChoice::Cpu;
     let mut defence = node::Defence::default();
@@ -198,6 +202,17 @@ pub(crate) fn parse(args: &[String]) -> Result<(NodeConfig, BackendChoice), Stri
                 })
             }
             "--spill-above" => spill_above = num(flag, value()?)?,
+            "--gossip-signing" => {
+                gossip_signing = match value()?.as_str() {
+                    "envelope" => GossipSigning::Envelope,
+                    "libp2p" => GossipSigning::Libp2p,
+                    other => {
+                        return Err(format!(
+                            "--gossip-signing {other}: expected envelope or libp2p"
+                        ));
+                    }
+                }
+            }
             "--shards" => shards = Some(num(flag, value()?)?),
             "--redundancy" => redundancy = Some(num(flag, value()?)?),
             "--rate-mbit" => mbit = num(flag, value()?)?,
@@ -321,6 +336,7 @@ pub(crate) fn parse(args: &[String]) -> Result<(NodeConfig, BackendChoice), Stri
             release_memory_when_paused: false,
             defence,
             spill_above,
+            gossip_signing,
             exchange,
         },
         backend,

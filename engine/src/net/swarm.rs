@@ -175,10 +175,22 @@ pub fn scoring(
 /// drops its messages is still heard: gossipsub advertises every message
 /// it holds to other peers each heartbeat (IHAVE, then IWANT), and the
 /// step machine's fall-backs cover an announcement that comes late.
-pub fn gossip_config() -> Result<gossipsub::Config, SetupError> {
-    gossipsub::ConfigBuilder::default()
-        .heartbeat_interval(Duration::from_millis(500))
-        .validation_mode(gossipsub::ValidationMode::Strict)
+///
+/// Under [`GossipSigning::Envelope`] a message carries no author, sequence
+/// number or gossipsub signature, and its id is a hash of its topic and
+/// bytes.
+pub fn gossip_config(signing: GossipSigning) -> Result<gossipsub::Config, SetupError> {
+    let mut b = gossipsub::ConfigBuilder::default();
+    match signing {
+        GossipSigning::Envelope => {
+            b.validation_mode(gossipsub::ValidationMode::Anonymous)
+                .message_id_fn(content_id);
+        }
+        GossipSigning::Libp2p => {
+            b.validation_mode(gossipsub::ValidationMode::Strict);
+        }
+    }
+    b.heartbeat_interval(Duration::from_millis(500))
         .validate_messages()
         .max_transmit_size(GOSSIP_TRANSMIT_MAX)
         .mesh_n(super::liveness::MESH_N)
@@ -188,6 +200,39 @@ pub fn gossip_config() -> Result<gossipsub::Config, SetupError> {
         .flood_publish(false)
         .build()
         .map_err(setup)
+}
+
+/// Who signs a gossip message.
+///
+/// Why not gossipsub: every message on a job's topic is our own signed
+/// envelope (`msg::sign`: signer, signature), opened and checked before the
+/// node accepts or relays it (`node::gossip`), and a replay is caught by
+/// the step machine, not by gossipsub's sequence numbers (anyone may
+/// re-gossip an old message). gossipsub's own author, sequence number and
+/// signature proved nothing more and cost about 116 bytes of each message
+/// on the wire, about a third of a heartbeat's or a sum hash's
+/// (`liveness::GOSSIPSUB_OVERHEAD`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum GossipSigning {
+    /// Our envelope only (message version 8 on): gossipsub ids a message
+    /// by a hash of its topic and bytes.
+    #[default]
+    Envelope,
+    /// gossipsub signs every message too, as before version 8. Kept so
+    /// that `cohort-bench traffic` measures what it cost in the same run;
+    /// a node of one kind drops the other kind's messages.
+    Libp2p,
+}
+
+/// A gossip message's id under [`GossipSigning::Envelope`]: the first 20
+/// bytes of blake3 over its topic and bytes, so the same message relayed
+/// by several peers is one message, and two different ones never are.
+fn content_id(m: &gossipsub::Message) -> gossipsub::MessageId {
+    let mut h = blake3::Hasher::new();
+    h.update(m.topic.as_str().as_bytes());
+    h.update(&[0]);
+    h.update(&m.data);
+    gossipsub::MessageId::new(&h.finalize().as_bytes()[..20])
 }
 
 /// The peer id of a member's node key.
@@ -211,6 +256,7 @@ pub fn build(
     key: &ed25519::Keypair,
     link: Link,
     mdns: bool,
+    signing: GossipSigning,
 ) -> Result<Swarm<Behaviour>, SetupError> {
     let id = identity::Keypair::from(key.clone());
     let swarm = SwarmBuilder::with_existing_identity(id)
@@ -230,9 +276,12 @@ pub fn build(
         .map_err(setup)?
         .with_behaviour(|k, relay| {
             let me = k.public().to_peer_id();
-            let gcfg = gossip_config()?;
-            let gossip =
-                gossipsub::Behaviour::new(gossipsub::MessageAuthenticity::Signed(k.clone()), gcfg)?;
+            let gcfg = gossip_config(signing)?;
+            let authenticity = match signing {
+                GossipSigning::Envelope => gossipsub::MessageAuthenticity::Anonymous,
+                GossipSigning::Libp2p => gossipsub::MessageAuthenticity::Signed(k.clone()),
+            };
+            let gossip = gossipsub::Behaviour::new(authenticity, gcfg)?;
             let blobs = request_response::Behaviour::with_codec(
                 BlobCodec,
                 [(BLOB_PROTOCOL, request_response::ProtocolSupport::Full)],
@@ -388,13 +437,51 @@ mod tests {
 
     #[test]
     fn a_node_sends_its_own_gossip_to_as_many_peers_as_the_cost_model_counts() {
-        let c = gossip_config().unwrap();
+        let c = gossip_config(GossipSigning::Envelope).unwrap();
         assert!(!c.flood_publish());
         assert_eq!(c.mesh_n(), super::super::liveness::MESH_N);
         assert_eq!(
             super::super::liveness::MESH_COPIES,
             super::super::liveness::MESH_N as f64
         );
+    }
+
+    #[test]
+    fn a_gossip_message_carries_no_gossipsub_signature_and_is_known_by_its_content() {
+        let c = gossip_config(GossipSigning::Envelope).unwrap();
+        assert!(matches!(
+            c.validation_mode(),
+            gossipsub::ValidationMode::Anonymous
+        ));
+        let topic = gossipsub::IdentTopic::new("cohort/test").hash();
+        let m = |data: &[u8], seq| gossipsub::Message {
+            source: None,
+            data: data.to_vec(),
+            sequence_number: seq,
+            topic: topic.clone(),
+        };
+        // The same bytes relayed twice are one message; other bytes are
+        // another, whatever gossipsub's fields say.
+        assert_eq!(
+            c.message_id(&m(b"a", None)),
+            c.message_id(&m(b"a", Some(1)))
+        );
+        assert_ne!(c.message_id(&m(b"a", None)), c.message_id(&m(b"b", None)));
+        let signed = gossip_config(GossipSigning::Libp2p).unwrap();
+        assert!(matches!(
+            signed.validation_mode(),
+            gossipsub::ValidationMode::Strict
+        ));
+    }
+
+    #[test]
+    fn the_cost_model_charges_a_gossip_message_its_topic_and_framing() {
+        let overhead = super::super::liveness::GOSSIPSUB_OVERHEAD;
+        for epoch in [0, 99] {
+            let t = topic(&[7; 32], epoch).to_string().len() as f64;
+            // The topic and its field, then at most 12 bytes of framing.
+            assert!((t + 2.0..=t + 14.0).contains(&overhead), "{t} {overhead}");
+        }
     }
 
     #[test]

@@ -273,18 +273,18 @@ impl Net {
     }
 
     /// Gossips `raw`; with no subscribed peer yet it is kept for the next
-    /// tick.
+    /// tick. The very same bytes gossiped already (a message is known by
+    /// its content) are not sent again.
     fn publish(&mut self, raw: Vec<u8>) {
-        if self
+        match self
             .swarm
             .behaviour_mut()
             .gossip
             .publish(self.topic.clone(), raw.clone())
-            .is_ok()
         {
-            self.stats.bytes_out += raw.len() as u64;
-        } else {
-            self.unpublished.push(raw);
+            Ok(_) => self.stats.bytes_out += raw.len() as u64,
+            Err(gossipsub::PublishError::Duplicate) => {}
+            Err(_) => self.unpublished.push(raw),
         }
     }
 
@@ -1175,7 +1175,7 @@ pub async fn run_with_control(
             index: cfg.me,
         },
     )?;
-    let mut swarm = swarm::build(&key, cfg.link, cfg.mdns)?;
+    let mut swarm = swarm::build(&key, cfg.link, cfg.mdns, cfg.gossip_signing)?;
     for a in &cfg.listen {
         swarm.listen_on(a.clone()).map_err(|e| {
             NodeError::Config(format!("cannot listen on {a}: {}", swarm::describe(&e)))
