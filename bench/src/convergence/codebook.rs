@@ -2,15 +2,19 @@
 //! chunk's momentum per bit than the shared rule's drawn signs, by sending,
 //! per large chunk, the index of the best of 2^B shared random codewords.
 //!
-//! Why: the shared rule's 61 drawn positions per 64 x 64 chunk capture, per
-//! bit, 2/π of one coefficient's energy (a sign of a Gaussian). The
-//! members' gradient spectra are flat over the chunk's DCT positions (this
-//! session's measurement: the 10% most energetic positions of the first
-//! half of a run hold 13% of the second half's energy), so no fixed choice
-//! of positions can do better. Picking the best of 2^B random directions
-//! costs B + 1 bits (index and sign) and captures about the square of the
-//! expected maximum of 2^(B+1) Gaussians: about 11.6 coefficients' energy
-//! for 12 bits at B = 11, against 7.6 for 12 drawn signs.
+//! Why try it: the shared rule's drawn positions capture, per bit, 2/π of
+//! one coefficient's energy (the sign of a Gaussian), and the members'
+//! gradient spectra were found flat over a chunk's DCT positions (no
+//! position holds more energy for long), so no better choice of positions
+//! exists. Picking the best of 2^B random directions costs B + 1 bits
+//! (index and sign) and captures about the square of the expected maximum
+//! of 2^(B+1) Gaussians: about 11.6 coefficients' energy for 12 bits at
+//! B = 11, against 7.6 for 12 drawn signs.
+//!
+//! What it gave: worse training at the same bytes (the "what was tried"
+//! table in docs/benchmarks.md), as the top-k rule, which is its S = 1
+//! case, was: members no longer vote on the same positions, and what is
+//! never the largest stays in the momentum until it decays.
 //!
 //! A codeword is sparse in the chunk's DCT domain (S positions, each ±1,
 //! drawn from the step's [`Draw`], the parameter, chunk, group and index),
@@ -19,8 +23,8 @@
 //! groups before it left, and each pick's projection leaves the member's
 //! momentum (error feedback). Chunks smaller than [`LARGE`] (biases and
 //! norms, 64 positions of which the shared rule sends 61) keep the shared
-//! rule's drawn signs. The decoder sums every member's picked codewords
-//! (and drawn signs), inverse-DCTs and takes the sign, as the recipe does.
+//! rule's drawn signs. The decoder sums every member's picks (and drawn
+//! signs), inverse-DCTs and takes the sign, as the recipe does.
 
 use cohort_engine::compress::{Decode, Draw, Layout, finish};
 use rayon::prelude::*;

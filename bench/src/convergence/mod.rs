@@ -1026,8 +1026,13 @@ fn tried(
              takes one sign step of H × lr ÷ 3 (lr is the inner AdamW's; the momentum is the error \
              feedback's decay, per exchange); *outerB* — a prototype: the shared rule's decoded \
              signs smoothed by an outer momentum of decay B/100 that every node keeps, each step \
-             moving by its sign (the momentum is the members' error-feedback decay). The bytes of \
-             *sharedk*, *topagg*, *sharedagg*, *signagg* and *outerB* count \
+             moving by its sign (the momentum is the members' error-feedback decay); *vqBxS* — a \
+             prototype: per chunk of at least 1,024 positions each member sends, in as many groups \
+             as fit the shared rule's bits, the index and sign of the best of 2^B shared random \
+             codewords of S signed DCT positions (drawn from the job and step), removing each \
+             pick's projection from its momentum; the decoder sums every member's picks, \
+             inverse-DCTs and takes the sign (smaller chunks keep the drawn signs). The bytes of \
+             *sharedk*, *topagg*, *sharedagg*, *signagg*, *outerB* and *vqBxS* count \
              the payload alone, as each run logged it; Cohort's, *shared*'s and *sharedlookP*'s count one encoded \
              contribution in today's wire format (version {}), its {}-byte header included and \
              its {}-byte signature not, and the dense methods' their fp32 gradient.\n",
