@@ -16,6 +16,13 @@
 //! case, was: members no longer vote on the same positions, and what is
 //! never the largest stays in the momentum until it decays.
 //!
+//! At B = 0 (`vq0x<S>`) there is one codeword a group, the same for every
+//! member: each bit is the sign of a shared random projection on S
+//! positions, so members vote on the same projections and their votes add
+//! up as the shared rule's do per position (S = 1 is the shared rule, but
+//! for positions drawn with replacement). It asks whether covering more
+//! positions per bit helps at the same bytes.
+//!
 //! A codeword is sparse in the chunk's DCT domain (S positions, each ±1,
 //! drawn from the step's [`Draw`], the parameter, chunk, group and index),
 //! so its inverse DCT still touches every weight of the chunk, as the
@@ -35,7 +42,10 @@ pub const LARGE: usize = 1024;
 /// The settings of one `vq<B>x<S>` run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Book {
-    /// Index bits per codeword (2^B candidates per group).
+    /// Index bits per codeword (2^B candidates per group). At 0 each group
+    /// is one shared random projection whose sign every member sends, as
+    /// the shared rule sends a drawn coefficient's: the members' votes add
+    /// up per projection, and a bit covers `spread` positions.
     pub bits: u8,
     /// Nonzero positions per codeword.
     pub spread: u8,
@@ -71,24 +81,12 @@ impl Book {
             .sum::<usize>()
     }
 
-    /// Codeword `j` of group `g` of chunk `ch` of parameter `p`: `spread`
-    /// distinct positions with their signs (true = negative).
-    fn codeword(
-        self,
-        draw: Draw,
-        p: usize,
-        ch: usize,
-        g: usize,
-        j: u32,
-        size: usize,
-        out: &mut Vec<(u16, bool)>,
-    ) {
+    /// Codeword `j` of the group whose seed is `base` ([`group_seed`]):
+    /// `spread` distinct positions of a chunk of `size` with their signs
+    /// (true = negative).
+    fn codeword(self, base: u64, j: u32, size: usize, out: &mut Vec<(u16, bool)>) {
         out.clear();
-        let mut state = draw.0
-            ^ (p as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
-            ^ (ch as u64).wrapping_mul(0xC2B2_AE3D_27D4_EB4F)
-            ^ (g as u64).wrapping_mul(0x1656_67B1_9E37_79F9)
-            ^ ((j as u64) << 32);
+        let mut state = base ^ ((j as u64) << 32);
         while out.len() < self.spread as usize {
             let r = splitmix(&mut state);
             let pos = (r % size as u64) as u16;
@@ -139,9 +137,10 @@ impl Book {
                         }
                         (0..self.groups(k))
                             .map(|grp| {
+                                let base = group_seed(draw, p, ch, grp);
                                 let mut best = (0u32, 0f32);
                                 for j in 0..1u32 << self.bits {
-                                    self.codeword(draw, p, ch, grp, j, size, &mut word);
+                                    self.codeword(base, j, size, &mut word);
                                     let score: f32 = word
                                         .iter()
                                         .map(|&(i, neg)| {
@@ -153,7 +152,7 @@ impl Book {
                                         best = (j, score);
                                     }
                                 }
-                                self.codeword(draw, p, ch, grp, best.0, size, &mut word);
+                                self.codeword(base, best.0, size, &mut word);
                                 // The projection on the codeword (|c|² = S).
                                 let along = best.1 / self.spread as f32;
                                 for &(i, neg) in &word {
@@ -204,7 +203,7 @@ impl Book {
                             }
                         } else {
                             for (grp, &(j, neg)) in sent.iter().enumerate() {
-                                self.codeword(draw, p, ch, grp, j, size, &mut word);
+                                self.codeword(group_seed(draw, p, ch, grp), j, size, &mut word);
                                 for &(i, wneg) in &word {
                                     acc[i as usize] += if neg != wneg { -1.0 } else { 1.0 };
                                 }
@@ -218,6 +217,14 @@ impl Book {
             })
             .collect()
     }
+}
+
+/// The seed of group `g` of chunk `ch` of parameter `p` under `draw`.
+fn group_seed(draw: Draw, p: usize, ch: usize, g: usize) -> u64 {
+    draw.0
+        ^ (p as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        ^ (ch as u64).wrapping_mul(0xC2B2_AE3D_27D4_EB4F)
+        ^ (g as u64).wrapping_mul(0x1656_67B1_9E37_79F9)
 }
 
 fn splitmix(state: &mut u64) -> u64 {
@@ -300,6 +307,36 @@ mod tests {
             &g,
         );
         assert!(vq > 1.1 * signs, "{vq} vs {signs}");
+    }
+
+    #[test]
+    fn with_no_index_bits_every_member_votes_on_the_same_projections() {
+        let l = layout();
+        let book = Book { bits: 0, spread: 4 };
+        assert_eq!(book.groups(61), 61);
+        assert_eq!(book.payload_len(&l), cohort_engine::wire::payload_len(&l));
+        let g: Vec<Vec<f32>> = vec![
+            (0..4096).map(|i| (i as f32 * 0.37).sin()).collect(),
+            (0..64).map(|i| (i as f32 * 0.91).cos()).collect(),
+        ];
+        let minus: Vec<Vec<f32>> = g.iter().map(|v| v.iter().map(|x| -x).collect()).collect();
+        let zero =
+            |v: &Vec<Vec<f32>>| -> Vec<Vec<f32>> { v.iter().map(|x| vec![0.0; x.len()]).collect() };
+        let (mut a, mut b) = (zero(&g), zero(&g));
+        let picks = vec![
+            book.compress(&l, &mut a, &g, 0.0, Draw(5)),
+            book.compress(&l, &mut b, &minus, 0.0, Draw(5)),
+        ];
+        assert!(
+            picks
+                .iter()
+                .all(|m| m.params[0].iter().flatten().all(|(j, _)| *j == 0))
+        );
+        // Opposite momenta vote opposite signs on the same projections.
+        let d = book.decode(&l, &picks, Draw(5), Decode::Rms);
+        assert!(d.iter().flatten().all(|v| *v == 0.0));
+        let one = book.decode(&l, &picks[..1], Draw(5), Decode::Rms);
+        assert!(one[0].iter().any(|v| *v != 0.0));
     }
 
     #[test]

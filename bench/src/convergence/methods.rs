@@ -167,6 +167,15 @@ impl Method {
                 "Cohort shared signs + outer momentum {} on the decoded signs (prototype)",
                 b as f32 / 100.0
             ),
+            Method::Vq { book, look } if book.bits == 0 => format!(
+                "Cohort, signs of shared random projections on {} positions{} (prototype)",
+                book.spread,
+                if look > 0 {
+                    format!(", look-ahead {}", look as f32 / 100.0)
+                } else {
+                    String::new()
+                }
+            ),
             Method::Vq { book, look } => format!(
                 "Cohort, best of 2^{} shared codewords of {} positions per group{} (prototype)",
                 book.bits,
@@ -220,12 +229,12 @@ impl Method {
                 .split_once('x')
                 .and_then(|(b, x)| Some((b.parse::<u8>().ok()?, x.parse::<u8>().ok()?)));
             return match (parsed, look) {
-                (Some((bits @ 1..=20, spread @ 1..)), Some(look)) => Ok(Method::Vq {
+                (Some((bits @ 0..=20, spread @ 1..)), Some(look)) => Ok(Method::Vq {
                     book: Book { bits, spread },
                     look,
                 }),
                 _ => Err(anyhow::anyhow!(
-                    "method `{s}`: expected vq<B>x<S>[look<P>], B index bits 1 to 20, S positions per codeword"
+                    "method `{s}`: expected vq<B>x<S>[look<P>], B index bits 0 to 20, S positions per codeword"
                 )),
             };
         }

@@ -1031,7 +1031,9 @@ fn tried(
              as fit the shared rule's bits, the index and sign of the best of 2^B shared random \
              codewords of S signed DCT positions (drawn from the job and step), removing each \
              pick's projection from its momentum; the decoder sums every member's picks, \
-             inverse-DCTs and takes the sign (smaller chunks keep the drawn signs). The bytes of \
+             inverse-DCTs and takes the sign (smaller chunks keep the drawn signs); at B = 0 there \
+             is one codeword a group, the same for every member, so each bit is the sign of a shared \
+             random projection on S positions and the members' votes add up per projection. The bytes of \
              *sharedk*, *topagg*, *sharedagg*, *signagg*, *outerB* and *vqBxS* count \
              the payload alone, as each run logged it; Cohort's, *shared*'s and *sharedlookP*'s count one encoded \
              contribution in today's wire format (version {}), its {}-byte header included and \
