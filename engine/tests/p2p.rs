@@ -1351,7 +1351,9 @@ fn hostile(expect: &[Drop], make: fn(&[u8]) -> Vec<u8>, probe: bool) {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let job = format!("hostile-{}", expect[0].name());
     let replay = expect == [Drop::Replayed];
-    let steps = 20;
+    // The replayer's copies get through only once older than `swarm::SEEN`
+    // (5 s), so its run lasts long enough for several of them.
+    let steps = if replay { 300 } else { 20 };
     let ports = [free_port(), free_port()];
     let mut honest: Vec<Peer> = (0..2)
         .map(|i| Peer::spawn(&mut peer_cmd(&job, i, 2, steps, &ports)))

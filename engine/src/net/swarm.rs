@@ -184,9 +184,14 @@ pub fn scoring(
 pub fn gossip_config(signing: GossipSigning) -> Result<gossipsub::Config, SetupError> {
     let mut b = gossipsub::ConfigBuilder::default();
     match signing {
+        // A node's own message that comes back is a duplicate for `SEEN`
+        // and a replay after it, like anyone's: gossipsub's check for it
+        // (a list of our own ids kept 10 s, run before the duplicate
+        // check) would penalise whoever relayed it, honest or not.
         GossipSigning::Envelope => {
             b.validation_mode(gossipsub::ValidationMode::Anonymous)
-                .message_id_fn(content_id);
+                .message_id_fn(content_id)
+                .allow_self_origin(true);
         }
         GossipSigning::Libp2p => {
             b.validation_mode(gossipsub::ValidationMode::Strict);
@@ -465,6 +470,7 @@ mod tests {
             c.validation_mode(),
             gossipsub::ValidationMode::Anonymous
         ));
+        assert!(c.allow_self_origin());
         let topic = gossipsub::IdentTopic::new("cohort/test").hash();
         let m = |data: &[u8], seq| gossipsub::Message {
             source: None,
