@@ -80,7 +80,9 @@ impl Draw {
     }
 }
 
-fn splitmix_next(state: &mut u64) -> u64 {
+/// SplitMix64's next value: the generator behind [`Draw`], written out so
+/// every node draws the same numbers whatever its crate versions.
+pub fn splitmix_next(state: &mut u64) -> u64 {
     *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
     let mut z = *state;
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);

@@ -33,7 +33,7 @@
 //! rule's drawn signs. The decoder sums every member's picks (and drawn
 //! signs), inverse-DCTs and takes the sign, as the recipe does.
 
-use cohort_engine::compress::{Decode, Draw, Layout, finish};
+use cohort_engine::compress::{Decode, Draw, Layout, finish, splitmix_next};
 use rayon::prelude::*;
 
 /// Chunks with at least this many positions use codewords.
@@ -88,7 +88,7 @@ impl Book {
         out.clear();
         let mut state = base ^ ((j as u64) << 32);
         while out.len() < self.spread as usize {
-            let r = splitmix(&mut state);
+            let r = splitmix_next(&mut state);
             let pos = (r % size as u64) as u16;
             if out.iter().all(|(q, _)| *q != pos) {
                 out.push((pos, (r >> 63) == 1));
@@ -227,14 +227,6 @@ fn group_seed(draw: Draw, p: usize, ch: usize, g: usize) -> u64 {
         ^ (g as u64).wrapping_mul(0x1656_67B1_9E37_79F9)
 }
 
-fn splitmix(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -285,7 +277,7 @@ mod tests {
         // One large chunk only: the small one is the shared rule in both.
         let g: Vec<Vec<f32>> = vec![
             (0..4096)
-                .map(|_| (splitmix(&mut state) >> 40) as f32 / (1u64 << 24) as f32 - 0.5)
+                .map(|_| (splitmix_next(&mut state) >> 40) as f32 / (1u64 << 24) as f32 - 0.5)
                 .collect(),
             vec![0.0; 64],
         ];

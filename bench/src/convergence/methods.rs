@@ -92,7 +92,8 @@ impl Method {
     }
 
     /// The look-ahead this method computes its stale gradients with, in %
-    /// of the last update (`Some(0)`: none, but the loop keeps the state).
+    /// of the last update; None when it computes them on the weights as
+    /// they are.
     pub fn look(self) -> Option<u8> {
         match self {
             Method::SharedLook(p) => Some(p),
