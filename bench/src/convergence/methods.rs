@@ -275,6 +275,8 @@ pub struct Setting {
     pub decode: Decode,
     pub adaptive_beta2: f32,
     pub weight_decay: f32,
+    /// Where the cosine ends, as a share of the peak learning rate.
+    pub min_lr: f32,
     pub eval_windows: usize,
     pub eval_every: u32,
 }
@@ -303,7 +305,7 @@ impl Setting {
             base,
             warmup: self.steps / 20 + 1,
             total: self.steps,
-            min_ratio: 0.1,
+            min_ratio: self.min_lr,
         }
     }
 
@@ -853,10 +855,10 @@ fn aggregate_top(layout: &Layout, payloads: &[Payload], cut: usize) -> Vec<Vec<f
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn setting() -> Setting {
+    pub(crate) fn setting() -> Setting {
         Setting {
             model: ModelConfig::parse("gpt l1 d32 h2 s16").unwrap(),
             members: 3,
@@ -867,6 +869,7 @@ mod tests {
             decode: Decode::Sign,
             adaptive_beta2: 0.0,
             weight_decay: 0.1,
+            min_lr: 0.1,
             eval_windows: 4,
             eval_every: 3,
         }

@@ -253,6 +253,7 @@ pub fn run(raw: &[String]) -> Result<()> {
             "decode",
             "adaptive",
             "eval-windows",
+            "min-lr",
             "lrs",
             "momenta",
             "grid-seeds",
@@ -291,6 +292,13 @@ pub fn run(raw: &[String]) -> Result<()> {
         },
         adaptive_beta2: args.get("adaptive", 0.0)?,
         weight_decay: 0.1,
+        min_lr: {
+            let m: f32 = args.get("min-lr", runs::MIN_LR)?;
+            if !(0.0..=1.0).contains(&m) {
+                bail!("--min-lr {m}: expected a share of the peak learning rate, 0 to 1");
+            }
+            m
+        },
         eval_windows: args.get("eval-windows", 64)?,
         eval_every: steps / 8,
     };
@@ -615,7 +623,7 @@ fn publish(plan: &Plan, done: &HashMap<String, Record>) -> Result<()> {
     let mut md = String::new();
     let _ = writeln!(
         md,
-        "## Convergence{}\n\n`cargo run --release -p cohort-bench -- convergence{}` — {} ({} parameters), {} members, batch {} x {} bytes per member per step, {} steps ({} tokens), bundled KJV corpus (validation: {} fixed held-out windows). Every method is tuned over the same grid, learning rate {:?} × momentum {:?} (AdamW's β1; the momentum decay of sign-SGD and of Cohort's members), on {} seed(s){}; its tuned point is then run on {} seeds (each seed draws other initial weights and other batches).{} Schedule: {} (each gradient is computed on the weights before the previous step's update, as the P2P node pipelines). Peak learning rate with warm-up, then cosine to 10%; weight decay 0.1; Cohort: 64x64 DCT chunks, top-{} per chunk, decoder `{:?}`, adaptive β2 {}.\n",
+        "## Convergence{}\n\n`cargo run --release -p cohort-bench -- convergence{}` — {} ({} parameters), {} members, batch {} x {} bytes per member per step, {} steps ({} tokens), bundled KJV corpus (validation: {} fixed held-out windows). Every method is tuned over the same grid, learning rate {:?} × momentum {:?} (AdamW's β1; the momentum decay of sign-SGD and of Cohort's members), on {} seed(s){}; its tuned point is then run on {} seeds (each seed draws other initial weights and other batches).{} Schedule: {} (each gradient is computed on the weights before the previous step's update, as the P2P node pipelines). Peak learning rate with warm-up, then cosine to {}% of it; weight decay 0.1; Cohort: 64x64 DCT chunks, top-{} per chunk, decoder `{:?}`, adaptive β2 {}.\n",
         if plan.name == "convergence" {
             String::new()
         } else {
@@ -653,6 +661,7 @@ fn publish(plan: &Plan, done: &HashMap<String, Record>) -> Result<()> {
         } else {
             "lock-step"
         },
+        (s.min_lr as f64 * 1e5).round() / 1e3,
         s.topk,
         s.decode,
         s.adaptive_beta2,
@@ -954,6 +963,12 @@ fn tried(
             )
         } else {
             method.to_string()
+        };
+        // A run whose learning rate ends elsewhere than the default is
+        // another point of the schedule, never a seed of this one.
+        let what = match k.get("minlr") {
+            Some(m) => format!("{what}, cosine to {m} of the peak"),
+            None => what,
         };
         let group = format!("{what} | {} | {}", field("lr"), field("momentum"));
         let engine_rule = Method::parse(method).ok().and_then(Method::select);

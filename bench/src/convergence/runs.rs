@@ -20,8 +20,13 @@ pub fn path() -> PathBuf {
 }
 
 /// Everything a run's result depends on, as one string.
+/// Where the learning rate's cosine ends by default (a share of its
+/// peak): a run at another share names it in its key (`minlr=`), so the
+/// runs logged before the setting existed keep their keys.
+pub const MIN_LR: f32 = 0.1;
+
 pub fn key(s: &Setting, p: &Point) -> String {
-    format!(
+    let mut k = format!(
         "recipe={RECIPE} arch={} members={} batch={} steps={} topk={} decode={:?} adaptive={} wd={} eval={}x{} method={} lr={} momentum={} seed={} schedule={}",
         s.model.arch(),
         s.members,
@@ -38,7 +43,11 @@ pub fn key(s: &Setting, p: &Point) -> String {
         p.momentum,
         p.seed,
         schedule_key(p.schedule)
-    )
+    );
+    if s.min_lr != MIN_LR {
+        k.push_str(&format!(" minlr={}", s.min_lr));
+    }
+    k
 }
 
 #[derive(Debug, Clone)]
@@ -107,6 +116,24 @@ pub fn append(path: &Path, key: &str, o: &Outcome, commit: &str) -> Result<Recor
 mod tests {
     use super::*;
     use std::io::Write;
+
+    #[test]
+    fn a_run_names_its_schedule_s_end_only_when_it_is_not_the_default() {
+        let mut s = crate::convergence::methods::tests::setting();
+        let p = Point {
+            method: crate::convergence::methods::Method::AdamW,
+            lr: 0.003,
+            momentum: 0.9,
+            seed: 0,
+            schedule: cohort_engine::runner::Schedule::Lockstep,
+        };
+        let default = key(&s, &p);
+        assert!(!default.contains("minlr"), "{default}");
+        assert!(default.ends_with("schedule=lockstep"), "{default}");
+        s.min_lr = 0.0;
+        let other = key(&s, &p);
+        assert_eq!(other, format!("{default} minlr=0"));
+    }
 
     #[test]
     fn a_record_reads_back_and_a_torn_line_is_skipped() {
