@@ -254,6 +254,7 @@ pub fn run(raw: &[String]) -> Result<()> {
             "adaptive",
             "eval-windows",
             "min-lr",
+            "wd",
             "lrs",
             "momenta",
             "grid-seeds",
@@ -291,7 +292,13 @@ pub fn run(raw: &[String]) -> Result<()> {
             other => bail!("--decode {other}: expected rms or sign"),
         },
         adaptive_beta2: args.get("adaptive", 0.0)?,
-        weight_decay: 0.1,
+        weight_decay: {
+            let wd: f32 = args.get("wd", runs::WEIGHT_DECAY)?;
+            if !(0.0..1.0).contains(&wd) {
+                bail!("--wd {wd}: expected a decoupled weight decay, 0 to below 1");
+            }
+            wd
+        },
         min_lr: {
             let m: f32 = args.get("min-lr", runs::MIN_LR)?;
             if !(0.0..=1.0).contains(&m) {
@@ -623,7 +630,7 @@ fn publish(plan: &Plan, done: &HashMap<String, Record>) -> Result<()> {
     let mut md = String::new();
     let _ = writeln!(
         md,
-        "## Convergence{}\n\n`cargo run --release -p cohort-bench -- convergence{}` — {} ({} parameters), {} members, batch {} x {} bytes per member per step, {} steps ({} tokens), bundled KJV corpus (validation: {} fixed held-out windows). Every method is tuned over the same grid, learning rate {:?} × momentum {:?} (AdamW's β1; the momentum decay of sign-SGD and of Cohort's members), on {} seed(s){}; its tuned point is then run on {} seeds (each seed draws other initial weights and other batches).{} Schedule: {} (each gradient is computed on the weights before the previous step's update, as the P2P node pipelines). Peak learning rate with warm-up, then cosine to {}% of it; weight decay 0.1; Cohort: 64x64 DCT chunks, top-{} per chunk, decoder `{:?}`, adaptive β2 {}.\n",
+        "## Convergence{}\n\n`cargo run --release -p cohort-bench -- convergence{}` — {} ({} parameters), {} members, batch {} x {} bytes per member per step, {} steps ({} tokens), bundled KJV corpus (validation: {} fixed held-out windows). Every method is tuned over the same grid, learning rate {:?} × momentum {:?} (AdamW's β1; the momentum decay of sign-SGD and of Cohort's members), on {} seed(s){}; its tuned point is then run on {} seeds (each seed draws other initial weights and other batches).{} Schedule: {} (each gradient is computed on the weights before the previous step's update, as the P2P node pipelines). Peak learning rate with warm-up, then cosine to {}% of it; weight decay {}; Cohort: 64x64 DCT chunks, top-{} per chunk, decoder `{:?}`, adaptive β2 {}.\n",
         if plan.name == "convergence" {
             String::new()
         } else {
@@ -662,6 +669,7 @@ fn publish(plan: &Plan, done: &HashMap<String, Record>) -> Result<()> {
             "lock-step"
         },
         (s.min_lr as f64 * 1e5).round() / 1e3,
+        s.weight_decay,
         s.topk,
         s.decode,
         s.adaptive_beta2,
@@ -914,7 +922,6 @@ fn tried(
         ("members", s.members.to_string()),
         ("batch", s.batch.to_string()),
         ("steps", s.steps.to_string()),
-        ("wd", s.weight_decay.to_string()),
         ("eval", format!("{}x{}", s.eval_windows, s.eval_every)),
         ("schedule", schedule_key(schedule).to_string()),
     ];
@@ -969,6 +976,10 @@ fn tried(
         let what = match k.get("minlr") {
             Some(m) => format!("{what}, cosine to {m} of the peak"),
             None => what,
+        };
+        let what = match field("wd") {
+            wd if wd == s.weight_decay.to_string() => what,
+            wd => format!("{what}, weight decay {wd}"),
         };
         let group = format!("{what} | {} | {}", field("lr"), field("momentum"));
         let engine_rule = Method::parse(method).ok().and_then(Method::select);
@@ -1133,6 +1144,7 @@ mod tests {
                 decode: Decode::Sign,
                 adaptive_beta2: 0.0,
                 weight_decay: 0.1,
+                min_lr: 0.1,
                 eval_windows: 64,
                 eval_every: 250,
             },

@@ -24,6 +24,9 @@ pub fn path() -> PathBuf {
 /// peak): a run at another share names it in its key (`minlr=`), so the
 /// runs logged before the setting existed keep their keys.
 pub const MIN_LR: f32 = 0.1;
+/// The decoupled weight decay every method runs with by default (in every
+/// key as `wd=`).
+pub const WEIGHT_DECAY: f32 = 0.1;
 
 pub fn key(s: &Setting, p: &Point) -> String {
     let mut k = format!(
