@@ -50,10 +50,11 @@ const FLAGS: &[&str] = &[
     "withholding",
     "gossip",
     "sums-from",
+    "seat-wait-secs",
 ];
 
 /// The exchange's deadlines as the node ships them, but for `--hedge-secs`,
-/// `--wait-secs`, `--agree-secs` and `--stall-share`.
+/// `--wait-secs`, `--agree-secs`, `--stall-share` and `--seat-wait-secs`.
 fn exchange_timing(a: &Args) -> Result<exchange::Timing> {
     let shipped = exchange::Timing::default();
     let stall_share: f64 = a.get("stall-share", shipped.stall_share)?;
@@ -65,6 +66,7 @@ fn exchange_timing(a: &Args) -> Result<exchange::Timing> {
         wait: secs(a, "wait-secs", shipped.wait)?,
         agree: secs(a, "agree-secs", shipped.agree)?,
         stall_share,
+        seat_wait: secs(a, "seat-wait-secs", shipped.seat_wait)?,
         ..shipped
     })
 }
@@ -382,7 +384,8 @@ fn sharded(
         format!("{floor:.2} s")
     };
     md.push_str(&format!(
-        "\n### The sharded exchange\n\n`net::exchange` is the data plane of issue 18's sharded exchange as a pure state machine: the libp2p node drives it (tested across 8 processes; a job of 10 members or more runs it, in the app and `cohort-peer` alike, `net::exchange::plan_for`) and `net::sim_sharded` drives it with the real step machine in virtual time (unit tests cover liars, silent and colluding aggregators). One shard per member; each shard has {redundancy} aggregators drawn per step; a member pushes each aggregator its slice (signs, a Merkle path, a 100-byte envelope) and announces once every shard holds it somewhere (its last few pushes, one in twenty at most, are sent again once the others' answers have stopped coming for {stall}: a lost request is otherwise learnt only at its deadline); an aggregator sums the listed slices and gossips the signed hash; every node downloads each shard's sum once and takes it when the seats agree (or the rest are silent {:.0} s after the first); each shard is also recomputed from its slices by {spots} node(s) a step on average (one shard a node, with one shard per member), and about {backups} nodes recompute a shard whose seat is silent, both beside acceptance (a spot check once the node has taken the sum; a check that proves the sum false rewinds the step). A sum or slice request unanswered for {:.0} s is also sent to the next source (a hedged request; a node hedges at most a twentieth of its first requests beyond 32 saved ones), and so are a node's last few sum requests and a seat's last few slice fetches (one in twenty at most) at once when the others' answers stalled as the pushes' do; a seat waits {:.1} s after the manifest for pushes in flight before it fetches the listed slices it lacks. A sum is either the exact integer vote count (what `shard::sum` builds and `shard::check` proves wrong: ⌈log2(2·members+1)⌉ bits a position) or only its sign (2 bits: a different update rule, since the recipe's decoder takes signs after the inverse DCT of the summed votes, not before; its convergence is measured as *signagg* in the convergence table above, with 4 members only, where a sign sum loses little: a vote of 4–0 counts as one of 3–1; with hundreds of members it drops far more of the count, which is not measured). Same links, compute, failure rate, deadlines, seed and number of steps as the all-to-all run of the same deployment above; the baseline is the same design with no network cost. Upload and download are per node per step, in payloads ({}).\n\n| nodes | steps | sum | aggregate | s/step free | s/step links | contributors (free) | contributed-token efficiency | share of ideal (free → links) | upload mean (max) | download mean (max) | of which gossip | recomputations per node-step | after compute: manifest / accepted / applied (s) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "\n### The sharded exchange\n\n`net::exchange` is the data plane of issue 18's sharded exchange as a pure state machine: the libp2p node drives it (tested across 8 processes; a job of 10 members or more runs it, in the app and `cohort-peer` alike, `net::exchange::plan_for`) and `net::sim_sharded` drives it with the real step machine in virtual time (unit tests cover liars, silent and colluding aggregators). One shard per member; each shard has {redundancy} aggregators drawn per step; a member pushes each aggregator its slice (signs, a Merkle path, a 100-byte envelope) and announces once every shard holds it somewhere (its last few pushes, one in twenty at most, are sent again once the others' answers have stopped coming for {stall}: a lost request is otherwise learnt only at its deadline); an aggregator sums the listed slices and gossips the signed hash; every node downloads each shard's sum once (from the seat its rotation gives it, by node and shard, holding its first request up to {:.1} s for that seat when the other signed first) and takes it when the seats agree (or the rest are silent {:.0} s after the first); each shard is also recomputed from its slices by {spots} node(s) a step on average (one shard a node, with one shard per member), and about {backups} nodes recompute a shard whose seat is silent, both beside acceptance (a spot check once the node has taken the sum; a check that proves the sum false rewinds the step). A sum or slice request unanswered for {:.0} s is also sent to the next source (a hedged request; a node hedges at most a twentieth of its first requests beyond 32 saved ones), and so are a node's last few sum requests and a seat's last few slice fetches (one in twenty at most) at once when the others' answers stalled as the pushes' do; a seat waits {:.1} s after the manifest for pushes in flight before it fetches the listed slices it lacks. A sum is either the exact integer vote count (what `shard::sum` builds and `shard::check` proves wrong: ⌈log2(2·members+1)⌉ bits a position) or only its sign (2 bits: a different update rule, since the recipe's decoder takes signs after the inverse DCT of the summed votes, not before; its convergence is measured as *signagg* in the convergence table above, with 4 members only, where a sign sum loses little: a vote of 4–0 counts as one of 3–1; with hundreds of members it drops far more of the count, which is not measured). Same links, compute, failure rate, deadlines, seed and number of steps as the all-to-all run of the same deployment above; the baseline is the same design with no network cost. Upload and download are per node per step, in payloads ({}).\n\n| nodes | steps | sum | aggregate | s/step free | s/step links | contributors (free) | contributed-token efficiency | share of ideal (free → links) | upload mean (max) | download mean (max) | of which gossip | recomputations per node-step | after compute: manifest / accepted / applied (s) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        timing.seat_wait.as_secs_f64(),
         timing.agree.as_secs_f64(),
         timing.hedge.as_secs_f64(),
         timing.wait.as_secs_f64(),
@@ -500,6 +503,7 @@ fn sharded(
         .num("sharded_stall_share", timing.stall_share)
         .num("sharded_stall_floor_secs", floor)
         .num("sharded_hedge_secs", timing.hedge.as_secs_f64())
+        .num("sharded_seat_wait_secs", timing.seat_wait.as_secs_f64())
         .num("sharded_withholding", a.get("withholding", 0u32)? as f64)
         // 0: the node's gossip; 1: a what-if without the sum hashes' bytes;
         // 2: a what-if with no gossip bytes at all (`--gossip`).

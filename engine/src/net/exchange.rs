@@ -253,6 +253,18 @@ pub struct Timing {
     /// 1,000-node simulation 3% to 10% of its pace (`docs/p2p.md`); the
     /// copies an early stall sends are capped by [`STRAGGLERS`] either way.
     pub stall_share: f64,
+    /// How long a node holds its first request for a shard's sum for the
+    /// seat the rotation gives it (by node and shard), once another seat
+    /// has signed and that one has not, before it asks one that has. At
+    /// zero (before 2026-12-07) it asked the first seat that signed: that
+    /// seat then served nearly every node while its partner's hash was
+    /// still on its way, and the last sums of a step came from the seats
+    /// serving twice their share. 1 s was the best of 0, 0.5, 1 and 2 s
+    /// in `cohort-bench simulate --seat-wait-secs` at 1,000 nodes (seed
+    /// 42: contributed-token efficiency 0.705, 0.756, 0.782, 0.764) and
+    /// better than 0 at 48 (5 seeds, share of ideal 0.824, 0.845, 0.835,
+    /// 0.839): `docs/p2p.md`.
+    pub seat_wait: Duration,
 }
 
 impl Default for Timing {
@@ -265,6 +277,7 @@ impl Default for Timing {
             reseat: Duration::from_secs(30),
             hedge: Duration::from_secs(2),
             stall_share: 0.0,
+            seat_wait: Duration::from_secs(1),
         }
     }
 }
@@ -1605,7 +1618,16 @@ impl Exchange {
                     .map(|k| (start + r.ask.tried + k) % n)
                     .filter(|&i| signed_for[i].is_some())
                     .map(|i| seats[i]);
-                if let Some(from) = r.ask.next(signed) {
+                // The first request waits `seat_wait` for this node's own
+                // seat of the rotation.
+                let held = (r.ask.tried == 0 && signed_for[start].is_none())
+                    .then_some(r.first_at)
+                    .flatten()
+                    .map(|t| t + timing.seat_wait)
+                    .filter(|&t| now < t);
+                if let Some(t) = held {
+                    self.timers.insert((t, step, shard));
+                } else if let Some(from) = r.ask.next(signed) {
                     r.ask.sent(now, from);
                     self.hedges.sent(hedging);
                     r.due = None;

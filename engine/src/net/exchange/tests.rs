@@ -55,6 +55,8 @@ struct World {
     served: BTreeSet<(u32, u32)>,
     /// Slices handed over: (from, to, member).
     forwarded: BTreeSet<(u32, u32, u32)>,
+    /// Sum requests as they were sent: (when, asker, shard, seat asked).
+    sum_asks: Vec<(Duration, u32, u32, u32)>,
 }
 
 /// The manifest every test step uses unless it says otherwise.
@@ -132,6 +134,7 @@ impl World {
             withheld: BTreeSet::new(),
             served: BTreeSet::new(),
             forwarded: BTreeSet::new(),
+            sum_asks: Vec::new(),
         }
     }
 
@@ -187,6 +190,9 @@ impl World {
 
     fn handle(&mut self, i: u32, a: Action) {
         let now = self.now;
+        if let Action::FetchSum { shard, from, .. } = a {
+            self.sum_asks.push((now, i, shard, from));
+        }
         if let Action::FetchSlice { from, .. } | Action::FetchSum { from, .. } = a
             && self.hung.contains(&from)
         {
@@ -476,6 +482,51 @@ fn a_silent_aggregator_delays_its_shards_but_does_not_stall_the_step() {
     assert!(w.convicted.is_empty() && w.rewound.is_empty());
     assert!(w.recomputed.is_empty());
     assert!(w.now >= Timing::default().agree);
+}
+
+/// Every sum request of a step with seat 2 silent, each node holding its
+/// first request `seat_wait` for its own seat of the rotation.
+fn sum_asks_with_a_silent_seat(seat_wait: Duration) -> (World, u32) {
+    let mut w = World::new(8, 8, 2, none, none);
+    for x in &mut w.nodes {
+        x.timing.seat_wait = seat_wait;
+    }
+    let silent = 2;
+    w.silent.insert(silent);
+    w.step();
+    assert!(w.everyone_applied_once(), "{:?}", w.applied);
+    (w, silent)
+}
+
+#[test]
+fn a_node_holds_its_first_sum_request_for_its_own_seat_then_asks_the_one_that_signed() {
+    let wait = Duration::from_secs(3);
+    let (w, silent) = sum_asks_with_a_silent_seat(wait);
+    // The seats sign at once: the first requests go out then.
+    let t0 = w.sum_asks.iter().map(|a| a.0).min().unwrap();
+    let (mut held, mut straight) = (0, 0);
+    for &(at, node, shard, from) in &w.sum_asks {
+        assert_ne!(from, silent, "only a seat that signed is asked");
+        let seats = &w.seats[shard as usize];
+        // The rotation's seat for this node and shard (`Exchange::look`).
+        let own = seats[(node as usize + shard as usize) % seats.len()];
+        if own == silent && node != silent {
+            assert!(
+                at >= t0 + wait,
+                "node {node} asked for shard {shard} at {at:?}"
+            );
+            held += 1;
+        } else if !seats.contains(&node) {
+            assert_eq!(at, t0, "node {node}, shard {shard}");
+            straight += 1;
+        }
+    }
+    assert!(held > 0 && straight > 0, "{held} held, {straight} straight");
+    // Not held, the same requests go out at once to the seat that signed.
+    let (w, silent) = sum_asks_with_a_silent_seat(Duration::ZERO);
+    let t0 = w.sum_asks.iter().map(|a| a.0).min().unwrap();
+    let late: Vec<_> = w.sum_asks.iter().filter(|a| a.0 != t0).collect();
+    assert!(late.iter().all(|a| a.1 == silent), "{late:?}");
 }
 
 #[test]
