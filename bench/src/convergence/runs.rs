@@ -19,7 +19,6 @@ pub fn path() -> PathBuf {
     crate::report::repo_root().join("docs/bench/convergence-runs.jsonl")
 }
 
-/// Everything a run's result depends on, as one string.
 /// Where the learning rate's cosine ends by default (a share of its
 /// peak): a run at another share names it in its key (`minlr=`), so the
 /// runs logged before the setting existed keep their keys.
@@ -28,6 +27,7 @@ pub const MIN_LR: f32 = 0.1;
 /// key as `wd=`).
 pub const WEIGHT_DECAY: f32 = 0.1;
 
+/// Everything a run's result depends on, as one string.
 pub fn key(s: &Setting, p: &Point) -> String {
     let mut k = format!(
         "recipe={RECIPE} arch={} members={} batch={} steps={} topk={} decode={:?} adaptive={} wd={} eval={}x{} method={} lr={} momentum={} seed={} schedule={}",
