@@ -384,7 +384,7 @@ fn sharded(
         format!("{floor:.2} s")
     };
     md.push_str(&format!(
-        "\n### The sharded exchange\n\n`net::exchange` is the data plane of issue 18's sharded exchange as a pure state machine: the libp2p node drives it (tested across 8 processes; a job of 10 members or more runs it, in the app and `cohort-peer` alike, `net::exchange::plan_for`) and `net::sim_sharded` drives it with the real step machine in virtual time (unit tests cover liars, silent and colluding aggregators). One shard per member; each shard has {redundancy} aggregators drawn per step; a member pushes each aggregator its slice (signs, a Merkle path, a 100-byte envelope) and announces once every shard holds it somewhere (its last few pushes, one in twenty at most, are sent again once the others' answers have stopped coming for {stall}: a lost request is otherwise learnt only at its deadline); an aggregator sums the listed slices and gossips the signed hash; every node downloads each shard's sum once (from the seat its rotation gives it, by node and shard, holding its first request up to {:.1} s for that seat when the other signed first) and takes it when the seats agree (or the rest are silent {:.0} s after the first); each shard is also recomputed from its slices by {spots} node(s) a step on average (one shard a node, with one shard per member), and about {backups} nodes recompute a shard whose seat is silent, both beside acceptance (a spot check once the node has taken the sum; a check that proves the sum false rewinds the step). A sum or slice request unanswered for {:.0} s is also sent to the next source (a hedged request; a node hedges at most a twentieth of its first requests beyond 32 saved ones), and so are a node's last few sum requests and a seat's last few slice fetches (one in twenty at most) at once when the others' answers stalled as the pushes' do; a seat waits {:.1} s after the manifest for pushes in flight before it fetches the listed slices it lacks. A sum is either the exact integer vote count (what `shard::sum` builds and `shard::check` proves wrong: ⌈log2(2·members+1)⌉ bits a position) or only its sign (2 bits: a different update rule, since the recipe's decoder takes signs after the inverse DCT of the summed votes, not before; its convergence is measured as *signagg* in the convergence table above, with 4 members only, where a sign sum loses little: a vote of 4–0 counts as one of 3–1; with hundreds of members it drops far more of the count, which is not measured). Same links, compute, failure rate, deadlines, seed and number of steps as the all-to-all run of the same deployment above; the baseline is the same design with no network cost. Upload and download are per node per step, in payloads ({}).\n\n| nodes | steps | sum | aggregate | s/step free | s/step links | contributors (free) | contributed-token efficiency | share of ideal (free → links) | upload mean (max) | download mean (max) | of which gossip | recomputations per node-step | after compute: manifest / accepted / applied (s) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "\n### The sharded exchange\n\n`net::exchange` is the data plane of issue 18's sharded exchange as a pure state machine: the libp2p node drives it (tested across 8 processes; a job of 10 members or more runs it, in the app and `cohort-peer` alike, `net::exchange::plan_for`) and `net::sim_sharded` drives it with the real step machine in virtual time (unit tests cover liars, silent and colluding aggregators). One shard per member; each shard has {redundancy} aggregators drawn per step; a member pushes each aggregator its slice (signs, a Merkle path, a 100-byte envelope) and announces once every shard holds it somewhere (its last few pushes, one in twenty at most, are sent again once the others' answers have stopped coming for {stall}: a lost request is otherwise learnt only at its deadline); an aggregator sums the listed slices, signs the sum's hash and sends it to every member by request (one request each, failing as any does; every sum served carries the signed hashes its server holds, so a lost one costs no wait; before message version 9 the hash was gossiped, `--gossip hashes-gossiped`); every node downloads each shard's sum once (from the seat its rotation gives it, by node and shard, holding its first request up to {:.1} s for that seat when the other signed first) and takes it when the seats agree (or the rest are silent {:.0} s after the first); each shard is also recomputed from its slices by {spots} node(s) a step on average (one shard a node, with one shard per member), and about {backups} nodes recompute a shard whose seat is silent, both beside acceptance (a spot check once the node has taken the sum; a check that proves the sum false rewinds the step). A sum or slice request unanswered for {:.0} s is also sent to the next source (a hedged request; a node hedges at most a twentieth of its first requests beyond 32 saved ones), and so are a node's last few sum requests and a seat's last few slice fetches (one in twenty at most) at once when the others' answers stalled as the pushes' do; a seat waits {:.1} s after the manifest for pushes in flight before it fetches the listed slices it lacks. A sum is either the exact integer vote count (what `shard::sum` builds and `shard::check` proves wrong: ⌈log2(2·members+1)⌉ bits a position) or only its sign (2 bits: a different update rule, since the recipe's decoder takes signs after the inverse DCT of the summed votes, not before; its convergence is measured as *signagg* in the convergence table above, with 4 members only, where a sign sum loses little: a vote of 4–0 counts as one of 3–1; with hundreds of members it drops far more of the count, which is not measured). Same links, compute, failure rate, deadlines, seed and number of steps as the all-to-all run of the same deployment above; the baseline is the same design with no network cost. Upload and download are per node per step, in payloads ({}).\n\n| nodes | steps | sum | aggregate | s/step free | s/step links | contributors (free) | contributed-token efficiency | share of ideal (free → links) | upload mean (max) | download mean (max) | of which gossip | recomputations per node-step | after compute: manifest / accepted / applied (s) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
         timing.seat_wait.as_secs_f64(),
         timing.agree.as_secs_f64(),
         timing.hedge.as_secs_f64(),
@@ -444,11 +444,12 @@ fn sharded(
             md.push('\n');
             let u = net.uploads;
             uploads.push_str(&format!(
-                "| {nodes} | {sum} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |\n",
+                "| {nodes} | {sum} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |\n",
                 u.pushes / pay,
                 u.sums / pay,
                 u.recomputes / pay,
                 u.slices / pay,
+                u.claims / pay,
                 u.gossip / pay,
                 net.up_mean / pay,
             ));
@@ -462,7 +463,8 @@ fn sharded(
                 .num(
                     &format!("{key}_upload_other_slices_payloads"),
                     u.slices / pay,
-                );
+                )
+                .num(&format!("{key}_upload_claims_payloads"), u.claims / pay);
             f.num(&format!("{key}_sum_bits"), bits as f64)
                 .num(
                     &format!("{key}_aggregate_payloads"),
@@ -505,12 +507,13 @@ fn sharded(
         .num("sharded_hedge_secs", timing.hedge.as_secs_f64())
         .num("sharded_seat_wait_secs", timing.seat_wait.as_secs_f64())
         .num("sharded_withholding", a.get("withholding", 0u32)? as f64)
-        // 0: the node's gossip; 1: a what-if without the sum hashes' bytes;
-        // 2: a what-if with no gossip bytes at all (`--gossip`).
+        // 0: the node's gossip; 1: the sum hashes gossiped, as before
+        // message version 9; 2: a what-if with no gossip bytes at all
+        // (`--gossip`).
         .num(
             "sharded_gossip_what_if",
             match GossipCost::parse(&a.get("gossip", "shipped".to_string())?) {
-                Some(GossipCost::NoSumHashes) => 1.0,
+                Some(GossipCost::HashesGossiped) => 1.0,
                 Some(GossipCost::Free) => 2.0,
                 _ => 0.0,
             },
@@ -531,7 +534,7 @@ fn sharded(
             steps_override.map_or(0.0, |s| s as f64),
         );
     md.push_str(&format!(
-        "\nHow to read it: *contributed-token efficiency* compares the design with itself on a free network and counts contributions applied per second, so a slower step that lists more members can score as well as a fast one that lists fewer, and above 1 when the free run leaves out more than the run over links: *share of ideal* is the figure to judge it by. *Share of ideal (free)* is the most this step agreement reaches with no network cost: a step keeps the pace of the members its leader waits for, and with speeds spread by ±15% ({compute_secs:.1} s of compute on average) the slowest take about 15% longer than the mean; the collect window ({:.2}× the leader's compute time, at least {:.0} s) decides how many of them are waited for, in this design and in the all-to-all baseline above alike. Traffic counts every byte a node sends or receives per applied step, in payloads; the issue's bound is about three payloads plus one aggregate (the *aggregate* column): {redundancy} pushes, one spot check, and the sums served and received. Recomputations beyond the spot checks are backups for seats still silent {:.0} s after their partner signed, or all silent {:.0} s after the manifest (the shard's first hash is taken at its word {:.0} s after it came). *After compute* is where a step's time goes, mean seconds from a node's compute of the step ending until the step's manifest reached it, every shard's sum was accepted, and the step was applied. *Of which gossip*: the job's gossip, which takes its bytes a second off every link in both designs (`net::liveness::gossip_bytes_per_sec`): heartbeats at the job's capped rate (every 0.5 s per member up to 50 members, then 100 a second for the whole job), every member's announcement, 1.5 manifests and (sharded) every seat's sum hash a step, each received and relayed about 6 times (gossipsub's mesh). Against the node's measured gossip at 8 members (`cohort-bench traffic`, about 47 kB/s) this model gives about 34 kB/s: it leaves gossipsub's own control messages out. Not modelled: the witnesses' sampled slices and audits on this path (`Guard::draw_sharded`; see `docs/p2p.md`).\n",
+        "\nHow to read it: *contributed-token efficiency* compares the design with itself on a free network and counts contributions applied per second, so a slower step that lists more members can score as well as a fast one that lists fewer, and above 1 when the free run leaves out more than the run over links: *share of ideal* is the figure to judge it by. *Share of ideal (free)* is the most this step agreement reaches with no network cost: a step keeps the pace of the members its leader waits for, and with speeds spread by ±15% ({compute_secs:.1} s of compute on average) the slowest take about 15% longer than the mean; the collect window ({:.2}× the leader's compute time, at least {:.0} s) decides how many of them are waited for, in this design and in the all-to-all baseline above alike. Traffic counts every byte a node sends or receives per applied step, in payloads; the issue's bound is about three payloads plus one aggregate (the *aggregate* column): {redundancy} pushes, one spot check, and the sums served and received. Recomputations beyond the spot checks are backups for seats still silent {:.0} s after their partner signed, or all silent {:.0} s after the manifest (the shard's first hash is taken at its word {:.0} s after it came). *After compute* is where a step's time goes, mean seconds from a node's compute of the step ending until the step's manifest reached it, every shard's sum was accepted, and the step was applied. *Of which gossip*: the job's gossip, which takes its bytes a second off every link in both designs (`net::liveness::gossip_bytes_per_sec`): heartbeats at the job's capped rate (every 0.5 s per member up to 50 members, then 100 a second for the whole job), every member's announcement and 1.5 manifests a step, each received and relayed about 6 times (gossipsub's mesh); the sharded exchange's sum hashes go by request (*claims* in the upload table). Against the node's measured gossip at 8 members (`cohort-bench traffic`, about 47 kB/s, with the sum hashes still gossiped) this model gave about 34 kB/s: it leaves gossipsub's own control messages out. Not modelled: the witnesses' sampled slices and audits on this path (`Guard::draw_sharded`; see `docs/p2p.md`).\n",
         bases.first().map_or(0.0, |b| b.timing.collect_share),
         bases.first().map_or(0.0, |b| b.timing.collect.as_secs_f64()),
         timing.silent.as_secs_f64(),
@@ -539,7 +542,7 @@ fn sharded(
         timing.agree.as_secs_f64(),
     ));
     md.push_str(&format!(
-        "\nWhere each node's upload goes, in payloads per node per applied step (means over nodes): its own slices pushed to the seats, sums served as a seat, slices served to recomputations (spot checks and backups), slices served to seats that lacked them (and to probes), and gossip.\n\n| nodes | sum | pushes | sums served | recomputations served | other slices | gossip | total |\n|---|---|---|---|---|---|---|---|\n{uploads}"
+        "\nWhere each node's upload goes, in payloads per node per applied step (means over nodes): its own slices pushed to the seats, sums served as a seat, slices served to recomputations (spot checks and backups), slices served to seats that lacked them (and to probes), its signed sum hashes sent to every member as a seat (*claims*), and gossip.\n\n| nodes | sum | pushes | sums served | recomputations served | other slices | claims | gossip | total |\n|---|---|---|---|---|---|---|---|---|\n{uploads}"
     ));
     Ok(large_sign)
 }
@@ -747,7 +750,7 @@ fn sharded_config(a: &Args, base: &SimConfig, positions: u64, bits: u32) -> Resu
         },
         redundancy,
         // One shard per member unless `--members-per-shard` asks for
-        // fewer, larger shards (fewer sum hashes to gossip, more load on
+        // fewer, larger shards (fewer sum hashes to send, more load on
         // each seat).
         shards: match a.get("members-per-shard", 1usize)? {
             0 => anyhow::bail!("--members-per-shard 0: expected 1 or more"),
@@ -763,7 +766,7 @@ fn sharded_config(a: &Args, base: &SimConfig, positions: u64, bits: u32) -> Resu
         gossip: {
             let g: String = a.get("gossip", "shipped".to_string())?;
             GossipCost::parse(&g).ok_or_else(|| {
-                anyhow::anyhow!("--gossip {g}: expected shipped, no-sum-hashes or free")
+                anyhow::anyhow!("--gossip {g}: expected shipped, hashes-gossiped or free")
             })?
         },
         sums_from: {

@@ -18,7 +18,9 @@
 //! 2. Once the manifest is known, an aggregator waits `wait` for pushes
 //!    still in flight, then fetches each listed slice it lacks (from the
 //!    member, then from the shard's other aggregators), sums, and signs
-//!    and gossips the sum's hash.
+//!    the sum's hash, which the driver sends to every member by request
+//!    (message version 9; it was gossiped) and attaches to every sum it
+//!    serves, with the other seats' hashes it holds.
 //! 3. Every node fetches each shard's sum from one aggregator (the seat
 //!    rotates with node and shard, spreading the load) and accepts it when
 //!    every aggregator of the shard signed that hash, or when those that
@@ -65,6 +67,11 @@
 //!
 //! Sums name the manifest they sum (`ManifestId`): a step can have two for
 //! a while, and seats that summed different lists are not liars.
+//!
+//! A seat's hash sent by request can be lost where gossip took many
+//! paths: a node that heard neither seat of a shard asks one without a
+//! hash once the step's other hashes have stopped coming with only a few
+//! shards left unheard (`Step::unheard`); the answer carries the hashes.
 //!
 //! 7. A seat that asked every source of a listed member's slice in vain
 //!    signs and gossips that it is withheld; every node then asks those
@@ -486,6 +493,8 @@ struct Recv {
     spot: bool,
     /// Recompute if a seat stays silent.
     backup: bool,
+    /// Asked of a seat before any hash of it came ([`Step::unheard`]).
+    blind: bool,
     /// A backup's check is due (a seat stayed silent): at once, not after
     /// acceptance.
     backing: bool,
@@ -538,6 +547,28 @@ struct Step {
     sums_stalled: bool,
     /// Shards whose sum requests a stall took for lost: hedged at once.
     sums_lost: BTreeSet<u32>,
+    /// Shards none of whose seats' hashes for the manifest has come. The
+    /// seats send them by request (message version 9), and a request can
+    /// be lost: a shard whose every hash was lost on the way here would
+    /// wait `silent` for its backups, then `reseat`. Once hashes stopped
+    /// coming with only a few shards left ([`Stall`], as for sums), each
+    /// of the few is asked once of its rotation seat without a hash: a
+    /// seat that summed answers with the sum and the hashes it holds
+    /// (`msg::Response::Sum`), one that did not says so, and the shard
+    /// waits for its hashes as before.
+    unheard: BTreeSet<u32>,
+    hash_stall: Stall,
+    /// How long no hash must have come before the few unheard shards are
+    /// asked (again): [`STALL_FLOOR`], doubled each time they are, up to
+    /// `Timing::silent`. Not given up: a seat held up by a slice it had
+    /// to fetch again and again can sum long after the step's other
+    /// shards, and a node that lost both its seats' hashes has nothing
+    /// else to learn it from; a stalled shard costs each node one small
+    /// request every `silent`.
+    hash_wait: Duration,
+    /// Shards the stall took for unheard: each asked once without a hash
+    /// each time.
+    hashes_lost: BTreeSet<u32>,
     agg: BTreeMap<u32, Agg>,
     recv: Vec<Recv>,
     /// Per (member, shard) a seat said is withheld, this node's own look.
@@ -634,6 +665,11 @@ impl Stall {
     /// time.
     fn again(&mut self, now: Duration) {
         self.since = now;
+    }
+
+    /// Since when the count left has stood, while some are left.
+    fn quiet_since(&self) -> Option<Duration> {
+        (self.left > 0).then_some(self.since)
     }
 }
 
@@ -912,6 +948,10 @@ impl Exchange {
                 sums_few: stragglers(shards, 2),
                 sums_stalled: false,
                 sums_lost: BTreeSet::new(),
+                unheard: BTreeSet::new(),
+                hash_stall: Stall::default(),
+                hash_wait: STALL_FLOOR,
+                hashes_lost: BTreeSet::new(),
                 agg,
                 recv,
                 probes: BTreeMap::new(),
@@ -1088,6 +1128,9 @@ impl Exchange {
             st.sum_stall = Stall::default();
             st.sums_stalled = false;
             st.sums_lost.clear();
+            st.hash_stall = Stall::default();
+            st.hash_wait = STALL_FLOOR;
+            st.hashes_lost.clear();
             if st.applied {
                 st.applied = false;
                 self.out.push(Action::Rewind { step });
@@ -1106,6 +1149,7 @@ impl Exchange {
             }
         }
         st.manifest = Some(manifest);
+        st.unheard = (0..st.recv.len() as u32).collect();
         let mut listed = members.to_vec();
         listed.sort_unstable();
         listed.dedup();
@@ -1328,6 +1372,24 @@ impl Exchange {
         })
     }
 
+    /// The seats of `shard` at `step` whose signed hashes this node holds,
+    /// with the manifest and hash each signed: what a sum it serves
+    /// carries (`msg::Response::Sum`).
+    pub fn signed(&self, step: u32, shard: u32) -> Vec<(u32, ManifestId, Hash)> {
+        let Some(st) = self.steps.get(&step) else {
+            return Vec::new();
+        };
+        let s = shard as usize;
+        let (Some(seats), Some(r)) = (st.seats.get(s), st.recv.get(s)) else {
+            return Vec::new();
+        };
+        seats
+            .iter()
+            .zip(&r.hashes)
+            .filter_map(|(&a, h)| h.map(|(m, x)| (a, m, x)))
+            .collect()
+    }
+
     /// The hash of the sum this node accepted for `shard` at `step`.
     pub fn accepted(&self, step: u32, shard: u32) -> Option<Hash> {
         self.steps.get(&step)?.recv.get(shard as usize)?.accepted
@@ -1521,6 +1583,41 @@ impl Exchange {
         } else {
             hedge
         };
+        // Hashes that stopped coming with a few shards unheard: those few
+        // are asked without a hash ([`Step::unheard`]), again after twice
+        // as long each time; with more than a few unheard, after `agree`
+        // at least (their seats are slow, not their hashes lost).
+        let heard = |r: &Recv| {
+            r.truth.is_some()
+                || r.hashes
+                    .iter()
+                    .any(|h| h.is_some_and(|(m, _)| m == manifest))
+        };
+        if heard(&st.recv[s]) {
+            st.unheard.remove(&shard);
+        }
+        if st.hash_stall.watch(now, st.unheard.len()) {
+            st.hash_wait = STALL_FLOOR;
+        }
+        if let Some(since) = st.hash_stall.quiet_since() {
+            let wait = if st.unheard.len() <= st.sums_few {
+                st.hash_wait
+            } else {
+                st.hash_wait.max(timing.agree)
+            };
+            if since + wait <= now {
+                for &x in &st.unheard {
+                    st.hashes_lost.insert(x);
+                    st.recv[x as usize].blind = false;
+                    self.timers.insert((now, step, x));
+                }
+                st.hash_stall.again(now);
+                st.hash_wait = (st.hash_wait * 2).min(timing.silent.max(STALL_FLOOR));
+            } else if let Some(&x) = st.unheard.first() {
+                self.timers.insert((since + wait, step, x));
+            }
+        }
+        let unheard = st.hashes_lost.contains(&shard) && st.unheard.contains(&shard);
         let seats = &st.seats[s];
         let r = &mut st.recv[s];
         let was = r.accepted;
@@ -1630,6 +1727,23 @@ impl Exchange {
                 } else if let Some(from) = r.ask.next(signed) {
                     r.ask.sent(now, from);
                     self.hedges.sent(hedging);
+                    r.due = None;
+                    st.sums_out.insert(shard);
+                    self.out.push(Action::FetchSum { step, shard, from });
+                } else if unheard
+                    && !r.blind
+                    && !hedging
+                    && let Some(from) = r.ask.next(
+                        (0..n)
+                            .map(|k| seats[(start + r.ask.tried + k) % n])
+                            .filter(|&x| x != me),
+                    )
+                {
+                    // No hash of it has come, while the step's others
+                    // did: its hashes were likely lost on the way here.
+                    r.blind = true;
+                    r.ask.sent(now, from);
+                    self.hedges.sent(false);
                     r.due = None;
                     st.sums_out.insert(shard);
                     self.out.push(Action::FetchSum { step, shard, from });

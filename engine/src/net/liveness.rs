@@ -78,8 +78,10 @@ pub fn heartbeat_bytes_per_sec(members: u32) -> f64 {
 
 /// What one step's gossip costs each member, per direction, in bytes:
 /// every member's announcement, the manifests (1.5 a step: fall-backs and
-/// late leaders add some) and `sum_hashes` sum hashes (0 on the all-to-all
-/// exchange), each received and relayed about [`MESH_COPIES`] times.
+/// late leaders add some) and `sum_hashes` sum hashes (none on the
+/// all-to-all exchange, and none on the sharded one since message version
+/// 9, whose seats send them by request: a what-if of the gossip before),
+/// each received and relayed about [`MESH_COPIES`] times.
 pub fn step_gossip_bytes(members: u32, sum_hashes: u64) -> f64 {
     copies(members)
         * (members as f64 * wire(ANNOUNCE_BODY)

@@ -46,7 +46,11 @@ use libp2p::identity::ed25519;
 /// 8 (2026-12-07): gossip carries no gossipsub author, sequence number or
 /// signature (`swarm::GossipSigning`); a version-7 node drops every
 /// message of a version-8 one, and the other way round.
-pub const VERSION: u8 = 8;
+/// 9 (2026-12-07): a seat's signed sum hash goes to every member by
+/// request (`Request::Claim`), not by gossip, and every sum served
+/// carries the signed hashes its server holds for it
+/// (`Response::Sum::claims`); a `SumHash` on gossip is refused.
+pub const VERSION: u8 = 9;
 const MAGIC: &[u8; 3] = b"CHN";
 const DOMAIN: &[u8] = b"cohort-net-v1";
 /// Largest gossip message a node accepts: a manifest lists 36 bytes per
@@ -653,7 +657,32 @@ pub enum Request {
         member: u32,
         slice: Slice,
     },
+    /// The sender's signed [`SumHash`] for `shard` (the sender is its
+    /// aggregator), sent by a seat straight to every member: each gets it
+    /// once, where gossip sent it about six times over a mesh.
+    Claim {
+        step: u32,
+        shard: u32,
+        manifest: [u8; 32],
+        hash: [u8; 32],
+        sig: [u8; 64],
+    },
 }
+
+/// A seat's signature on its sum hash for one shard, as a sum answer
+/// carries it: the rest of the signed [`SumHash`] (job, epoch, step,
+/// shard, manifest) is the request's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    pub aggregator: u32,
+    pub hash: [u8; 32],
+    pub sig: [u8; 64],
+}
+
+/// Most signed hashes one sum answer carries: a shard's seats and every
+/// round of its reserve seats (`shard::RESERVE_ROUNDS` of `Plan::REDUNDANCY`),
+/// with room to spare.
+pub const MAX_CLAIMS: usize = 16;
 
 /// A member's signs in one shard and the Merkle path from their leaf
 /// ([`crate::shard::slice_leaf`]) to the root it signed in its
@@ -719,8 +748,14 @@ pub enum Response {
     /// A pushed slice was kept.
     Taken,
     Slice(Slice),
-    /// A shard's vote sums ([`crate::shard::pack_sums`] on the wire).
-    Sum(Vec<i32>),
+    /// A shard's vote sums ([`crate::shard::pack_sums`] on the wire), with
+    /// the signed hashes of them its server holds (its own among them, if
+    /// a seat): the asker needs every seat's, and a lost `Request::Claim`
+    /// would otherwise leave it waiting out `exchange::Timing::agree`.
+    Sum {
+        sums: Vec<i32>,
+        claims: Vec<Claim>,
+    },
 }
 
 /// Largest Solana transaction message a witness is asked to co-sign (the
@@ -737,8 +772,11 @@ pub const MAX_PATH: usize = 32;
 /// Largest request on the wire: a handed slice of the most signs (kind,
 /// step, shard, member, count, signs, path).
 pub const MAX_REQUEST: usize = 1 + 12 + 4 + MAX_SLICE_SIGNS / 8 + 1 + 32 * MAX_PATH;
-/// Largest response: a part plus its headers, or a manifest.
-pub const MAX_RESPONSE: usize = PART + 64;
+/// Largest response: a part plus its headers, a manifest, or a sum with
+/// its claims.
+pub const MAX_RESPONSE: usize = PART + 64 + MAX_CLAIMS * CLAIM_BYTES;
+/// A [`Claim`] on the wire.
+const CLAIM_BYTES: usize = 4 + 32 + 64;
 /// Largest payload a node downloads. A 1.21 B-parameter model's payload at
 /// 4 coefficients per 64 x 64 chunk is 1.96 MB; this leaves room for 30
 /// times more coefficients.
@@ -762,7 +800,9 @@ impl Response {
             Response::Signature(_) => 64,
             Response::NotFound | Response::Taken => 0,
             Response::Slice(s) => s.signs.len().div_ceil(8) + 32 * s.path.len(),
-            Response::Sum(sums) => crate::shard::pack_sums(sums).len(),
+            Response::Sum { sums, claims } => {
+                crate::shard::pack_sums(sums).len() + 1 + CLAIM_BYTES * claims.len()
+            }
         }
     }
 }
@@ -832,6 +872,20 @@ impl Request {
                 out.extend_from_slice(&member.to_le_bytes());
                 slice.encode(&mut out);
             }
+            Request::Claim {
+                step,
+                shard,
+                manifest,
+                hash,
+                sig,
+            } => {
+                out.push(9);
+                out.extend_from_slice(&step.to_le_bytes());
+                out.extend_from_slice(&shard.to_le_bytes());
+                out.extend_from_slice(manifest);
+                out.extend_from_slice(hash);
+                out.extend_from_slice(sig);
+            }
         }
         out
     }
@@ -877,6 +931,13 @@ impl Request {
                 member: r.u32().ok()?,
                 slice: Slice::decode(&mut r)?,
             },
+            9 => Request::Claim {
+                step: r.u32().ok()?,
+                shard: r.u32().ok()?,
+                manifest: r.array().ok()?,
+                hash: r.array().ok()?,
+                sig: r.array().ok()?,
+            },
             _ => return None,
         };
         (r.remaining() == 0).then_some(req)
@@ -912,8 +973,14 @@ impl Response {
                 out.push(6);
                 slice.encode(&mut out);
             }
-            Response::Sum(sums) => {
+            Response::Sum { sums, claims } => {
                 out.push(7);
+                out.push(claims.len().min(MAX_CLAIMS) as u8);
+                for c in claims.iter().take(MAX_CLAIMS) {
+                    out.extend_from_slice(&c.aggregator.to_le_bytes());
+                    out.extend_from_slice(&c.hash);
+                    out.extend_from_slice(&c.sig);
+                }
                 out.extend_from_slice(&crate::shard::pack_sums(sums));
             }
         }
@@ -939,7 +1006,26 @@ impl Response {
                 }
                 Response::Slice(slice)
             }
-            7 => Response::Sum(crate::shard::unpack_sums(rest)?),
+            7 => {
+                let (&count, mut rest) = rest.split_first()?;
+                if usize::from(count) > MAX_CLAIMS {
+                    return None;
+                }
+                let mut claims = Vec::with_capacity(count.into());
+                for _ in 0..count {
+                    let (c, tail) = rest.split_at_checked(CLAIM_BYTES)?;
+                    claims.push(Claim {
+                        aggregator: u32::from_le_bytes(c[..4].try_into().ok()?),
+                        hash: c[4..36].try_into().ok()?,
+                        sig: c[36..].try_into().ok()?,
+                    });
+                    rest = tail;
+                }
+                Response::Sum {
+                    sums: crate::shard::unpack_sums(rest)?,
+                    claims,
+                }
+            }
             _ => return None,
         })
     }
@@ -1192,6 +1278,13 @@ mod tests {
                     path: vec![[9; 32]; MAX_PATH],
                 },
             },
+            Request::Claim {
+                step: 4,
+                shard: 2,
+                manifest: [6; 32],
+                hash: [7; 32],
+                sig: [8; 64],
+            },
         ] {
             let bytes = r.encode();
             assert!(bytes.len() <= MAX_REQUEST);
@@ -1200,8 +1293,21 @@ mod tests {
         for r in [
             Response::Taken,
             Response::Slice(slice()),
-            Response::Sum(vec![-48, 0, 17, 48]),
-            Response::Sum(vec![i32::MIN; MAX_SLICE_SIGNS]),
+            Response::Sum {
+                sums: vec![-48, 0, 17, 48],
+                claims: vec![],
+            },
+            Response::Sum {
+                sums: vec![i32::MIN; MAX_SLICE_SIGNS],
+                claims: vec![
+                    Claim {
+                        aggregator: 7,
+                        hash: [3; 32],
+                        sig: [4; 64],
+                    };
+                    MAX_CLAIMS
+                ],
+            },
         ] {
             let bytes = r.encode();
             assert!(bytes.len() <= MAX_RESPONSE);
@@ -1231,6 +1337,22 @@ mod tests {
         .encode();
         cut.pop();
         assert_eq!(Request::decode(&cut), None);
+        // A sum answer that says it carries more claims than any shard has
+        // seats is refused, and so is one whose claims run short.
+        let mut many = Response::Sum {
+            sums: vec![1],
+            claims: vec![],
+        }
+        .encode();
+        many[1] = MAX_CLAIMS as u8 + 1;
+        assert_eq!(Response::decode(&many), None);
+        let mut short = Response::Sum {
+            sums: vec![],
+            claims: vec![],
+        }
+        .encode();
+        short[1] = 1;
+        assert_eq!(Response::decode(&short), None);
     }
 
     #[test]

@@ -252,10 +252,14 @@ struct Node {
 }
 
 /// What a holder is sending at once, each transfer getting an equal share
-/// of its uplink (processor sharing).
+/// of its uplink (processor sharing). A transfer may stand for several
+/// streams of equal size started together (a seat's signed hash to every
+/// member): each gets a stream's share, and they all end together.
 pub(super) struct Uplink<T = [u8; 32]> {
-    /// (receiver, what, bytes left to send).
-    pub(super) active: Vec<(u32, T, f64)>,
+    /// (receiver, what, bytes left to send per stream, streams).
+    active: Vec<(u32, T, f64, f64)>,
+    /// Streams in `active`, all told.
+    streams: f64,
     /// When `active`'s bytes left were last brought up to date.
     last: f64,
     pub(super) version: u64,
@@ -265,6 +269,7 @@ impl<T> Default for Uplink<T> {
     fn default() -> Self {
         Self {
             active: Vec::new(),
+            streams: 0.0,
             last: 0.0,
             version: 0,
         }
@@ -272,10 +277,23 @@ impl<T> Default for Uplink<T> {
 }
 
 impl<T> Uplink<T> {
+    /// Starts sending `bytes` to `to` (bring it up to date with `advance`
+    /// first).
+    pub(super) fn send(&mut self, to: u32, what: T, bytes: f64) {
+        self.send_streams(to, what, bytes, 1);
+    }
+
+    /// Starts `streams` transfers of `bytes` each, counted as one.
+    pub(super) fn send_streams(&mut self, to: u32, what: T, bytes: f64, streams: u32) {
+        let k = f64::from(streams.max(1));
+        self.active.push((to, what, bytes, k));
+        self.streams += k;
+    }
+
     /// Sends at `rate` bytes/s, shared, from `last` until `now`.
     pub(super) fn advance(&mut self, now: f64, rate: f64) {
         if !self.active.is_empty() {
-            let each = (now - self.last) * rate / self.active.len() as f64;
+            let each = (now - self.last) * rate / self.streams;
             for t in &mut self.active {
                 t.2 -= each;
             }
@@ -291,12 +309,9 @@ impl<T> Uplink<T> {
             .iter()
             .map(|t| t.2)
             .fold(f64::INFINITY, f64::min);
-        least.is_finite().then(|| {
-            (
-                now + least.max(0.0) * self.active.len() as f64 / rate,
-                self.version,
-            )
-        })
+        least
+            .is_finite()
+            .then(|| (now + least.max(0.0) * self.streams / rate, self.version))
     }
 
     /// Takes the transfers that are done, or would be within a microsecond
@@ -304,10 +319,11 @@ impl<T> Uplink<T> {
     /// transfer's last bytes must not need an event of their own (that
     /// event could fall at the same instant, forever).
     pub(super) fn take_done(&mut self, rate: f64) -> Vec<(u32, T)> {
-        let n = self.active.len() as f64;
+        let n = self.streams;
         let (done, left): (Vec<_>, Vec<_>) =
             self.active.drain(..).partition(|t| t.2 * n / rate <= 1e-6);
         self.active = left;
+        self.streams = self.active.iter().map(|t| t.3).sum();
         done.into_iter().map(|t| (t.0, t.1)).collect()
     }
 }
@@ -451,7 +467,7 @@ pub fn simulate(cfg: &SimConfig, free_network: bool) -> SimResult {
             Ev::Request { to, hash, .. } => {
                 let src = &mut nodes[node as usize];
                 src.uplink.advance(now, src.up);
-                src.uplink.active.push((to, hash, cfg.payload_bytes as f64));
+                src.uplink.send(to, hash, cfg.payload_bytes as f64);
                 if let Some((t, version)) = src.uplink.next_done(now, src.up) {
                     queue.at(t, Ev::UplinkDone { node, version });
                 }
@@ -716,20 +732,32 @@ mod tests {
         // Two equal transfers started together on a 100 B/s link both
         // finish at 2 s, not one at 1 s and the other at 2 s.
         let mut u = Uplink::default();
-        u.active.push((1, [1; 32], 100.0));
-        u.active.push((2, [2; 32], 100.0));
+        u.send(1, [1; 32], 100.0);
+        u.send(2, [2; 32], 100.0);
         let (t, _) = u.next_done(0.0, 100.0).unwrap();
         assert!((t - 2.0).abs() < 1e-9, "{t}");
         // A third joins at 1 s with 100 bytes: the first two have 50 left,
         // so they finish at 2.5 s and the newcomer after them, at 3 s.
         u.advance(1.0, 100.0);
-        u.active.push((3, [3; 32], 100.0));
+        u.send(3, [3; 32], 100.0);
         let (t, v) = u.next_done(1.0, 100.0).unwrap();
         assert!((t - 2.5).abs() < 1e-9, "{t}");
         u.advance(t, 100.0);
         assert_eq!(u.take_done(100.0).len(), 2);
         let (t, v2) = u.next_done(2.5, 100.0).unwrap();
         assert!((t - 3.0).abs() < 1e-9 && v2 > v, "{t}");
+        // Four streams of 25 bytes counted as one transfer take four
+        // shares: beside one 100-byte transfer on a 100 B/s link they end
+        // at 1.25 s (each stream has had 100/5 B/s), and it at 2 s.
+        let mut u = Uplink::default();
+        u.send(1, [1; 32], 100.0);
+        u.send_streams(2, [2; 32], 25.0, 4);
+        let (t, _) = u.next_done(0.0, 100.0).unwrap();
+        assert!((t - 1.25).abs() < 1e-9, "{t}");
+        u.advance(t, 100.0);
+        assert_eq!(u.take_done(100.0), vec![(2, [2; 32])]);
+        let (t, _) = u.next_done(1.25, 100.0).unwrap();
+        assert!((t - 2.0).abs() < 1e-9, "{t}");
     }
 
     #[test]

@@ -6,9 +6,12 @@
 //! downlink serves first come, first served, a share of requests fails at
 //! the node's request deadline, and the job's gossip takes its share of
 //! every link: heartbeats all the time ([`SimConfig::less_gossip`]), and
-//! each step's announcements, manifests and sum hashes as a transfer on
-//! the uplink and the downlink when the node computed the step
-//! ([`super::liveness`]). The libp2p node runs the same machines
+//! each step's announcements and manifests as a transfer on the uplink
+//! and the downlink when the node computed the step
+//! ([`super::liveness`]). A seat's signed sum hashes go to every member
+//! by request, one transfer on its uplink per shard, each request failing
+//! as any does, and every sum served carries the hashes its server holds
+//! (message version 9). The libp2p node runs the same machines
 //! (`node::sharded`).
 
 use super::exchange::{self, Action as XAction, Exchange, Hash, ManifestId};
@@ -71,18 +74,20 @@ impl SumSource {
     }
 }
 
-/// What the job's gossip costs the links: the node's, or a what-if that
-/// bounds what a redesign of it could gain (the messages still arrive
-/// when they would; only their bytes are left out).
+/// What the job's gossip costs the links: the node's, the node's before
+/// message version 9, or a what-if that bounds what a redesign of it
+/// could gain (the messages still arrive when they would; only their
+/// bytes are left out).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum GossipCost {
-    /// Heartbeats, announcements, manifests and every seat's sum hash, as
-    /// the node gossips them ([`super::liveness`]).
+    /// Heartbeats, announcements and manifests, as the node gossips them
+    /// ([`super::liveness`]); the sum hashes go by request.
     #[default]
     Shipped,
-    /// As shipped, less the sum hashes.
-    NoSumHashes,
-    /// No gossip bytes at all.
+    /// As the node did before message version 9: every seat's sum hash
+    /// gossiped too (and none sent by request nor carried by a sum).
+    HashesGossiped,
+    /// No gossip bytes at all (the sum hashes still go by request).
     Free,
 }
 
@@ -90,7 +95,7 @@ impl GossipCost {
     pub fn parse(s: &str) -> Option<Self> {
         match s {
             "shipped" => Some(Self::Shipped),
-            "no-sum-hashes" => Some(Self::NoSumHashes),
+            "hashes-gossiped" => Some(Self::HashesGossiped),
             "free" => Some(Self::Free),
             _ => None,
         }
@@ -99,6 +104,12 @@ impl GossipCost {
 
 /// Bytes a signed message carries besides its body (header, signature).
 const ENVELOPE: f64 = 100.0;
+/// A seat's signed sum hash sent to a member (`msg::Request::Claim`: kind,
+/// step, shard, manifest, hash, signature), with a request's [`ENVELOPE`].
+pub const CLAIM_BYTES: f64 = 1.0 + 4.0 + 4.0 + 32.0 + 32.0 + 64.0 + ENVELOPE;
+/// A signed hash a sum answer carries (`msg::Claim`: seat, hash,
+/// signature).
+pub const ATTACHED_CLAIM_BYTES: f64 = 4.0 + 32.0 + 64.0;
 
 impl ShardedConfig {
     pub fn shard_count(&self) -> usize {
@@ -161,8 +172,11 @@ pub struct Uploads {
     pub recomputes: f64,
     /// Slices served to seats that lacked them, to probes and hand-overs.
     pub slices: f64,
-    /// The job's gossip: heartbeats, announcements, manifests, sum hashes.
+    /// The job's gossip: heartbeats, announcements, manifests (and sum
+    /// hashes under [`GossipCost::HashesGossiped`]).
     pub gossip: f64,
+    /// Its signed sum hashes sent to every member, as a seat.
+    pub claims: f64,
 }
 
 /// Mean seconds after a node finished computing a step until it reached
@@ -212,6 +226,13 @@ enum What {
     /// particular: its bytes only share the uplink).
     Gossip {
         step: u32,
+    },
+    /// This seat's signed hash of a shard's sum, to every other member
+    /// (one transfer for all of them).
+    Claims {
+        step: u32,
+        shard: u32,
+        manifest: ManifestId,
     },
     /// A member's slice, asked to check a seat's claim that it is withheld.
     Probe {
@@ -345,9 +366,9 @@ struct Node {
     down_bytes: f64,
     /// Of them, each way: the job's gossip.
     gossip_bytes: f64,
-    /// Of `up_bytes`: pushes, sums, recomputations' slices, other slices
-    /// (as [`Uploads`]).
-    up_kinds: [f64; 4],
+    /// Of `up_bytes`: pushes, sums, recomputations' slices, other slices,
+    /// claims (as [`Uploads`]).
+    up_kinds: [f64; 5],
     recomputes: u64,
     /// The step machine's next deadline when it was last polled.
     steps_deadline: Option<Duration>,
@@ -390,17 +411,25 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
         .collect();
     let huge = 1e30;
     // The job's gossip: heartbeats all the time, and each step's
-    // announcements, manifests and sum hashes sent and received with it.
+    // announcements and manifests (and before message version 9 sum
+    // hashes) sent and received with it.
+    let gossiped = cfg.gossip == GossipCost::HashesGossiped;
     let (heartbeats, step_gossip) = match cfg.gossip {
         GossipCost::Shipped => (
             super::liveness::heartbeat_bytes_per_sec(n),
-            super::liveness::step_gossip_bytes(n, (shards * cfg.redundancy) as u64),
-        ),
-        GossipCost::NoSumHashes => (
-            super::liveness::heartbeat_bytes_per_sec(n),
             super::liveness::step_gossip_bytes(n, 0),
         ),
+        GossipCost::HashesGossiped => (
+            super::liveness::heartbeat_bytes_per_sec(n),
+            super::liveness::step_gossip_bytes(n, (shards * cfg.redundancy) as u64),
+        ),
         GossipCost::Free => (0.0, 0.0),
+    };
+    // What a sum answer carries besides the sum: its seats' signed hashes.
+    let attached = if gossiped {
+        0.0
+    } else {
+        cfg.redundancy as f64 * ATTACHED_CLAIM_BYTES
     };
     let mut nodes: Vec<Node> = (0..n)
         .map(|i| {
@@ -442,7 +471,7 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
                 up_bytes: 0.0,
                 down_bytes: 0.0,
                 gossip_bytes: 0.0,
-                up_kinds: [0.0; 4],
+                up_kinds: [0.0; 5],
                 recomputes: 0,
                 steps_deadline: None,
                 marks: BTreeMap::new(),
@@ -474,9 +503,10 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
         What::Push { .. } | What::Slice { .. } | What::Probe { .. } | What::Hand { .. } => {
             cfg.slice_bytes()
         }
-        What::Sum { .. } => cfg.sum_bytes(),
+        What::Sum { .. } => cfg.sum_bytes() + attached,
         What::Slices { .. } => cfg.slice_bytes() * listed as f64,
         What::Gossip { .. } => step_gossip,
+        What::Claims { .. } => CLAIM_BYTES * n.saturating_sub(1) as f64,
     };
     let failure = if free_network {
         0.0
@@ -491,6 +521,12 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
     let mut held: HashSet<(u32, u32, u32)> = HashSet::new();
     // Its own draws, so that the run's other draws stay those of `Seats`.
     let mut pick = Rng::new(base.seed ^ 0x686f_6c64_6572_7321);
+    // Which sent claims fail, drawn apart for the same reason.
+    let mut lost = Rng::new(base.seed ^ 0x636c_6169_6d73_2121);
+    // The signed hashes a sum answer carries: (server, asker, step, shard)
+    // → (seat, manifest), as the server held them when asked.
+    type Carried = HashMap<(u32, u32, u32, u32), Vec<(u32, ManifestId)>>;
+    let mut carried = Carried::new();
     let mut queue = Events::new();
     let mut contributors = (0u64, 0u64);
     let mut convictions = 0u64;
@@ -557,9 +593,7 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
                     me.down_bytes += step_gossip;
                     me.gossip_bytes += step_gossip;
                     me.uplink.advance(now, me.up);
-                    me.uplink
-                        .active
-                        .push((node, What::Gossip { step }, step_gossip));
+                    me.uplink.send(node, What::Gossip { step }, step_gossip);
                     if let Some((t, version)) = me.uplink.next_done(now, me.up) {
                         queue.at(t, Ev::UplinkDone { node, version });
                     }
@@ -568,7 +602,10 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
             Ev::Request { to, what, .. } => {
                 // A server that cannot serve says so at once.
                 let can = match what {
-                    What::Push { .. } | What::Hand { .. } | What::Gossip { .. } => true,
+                    What::Push { .. }
+                    | What::Hand { .. }
+                    | What::Gossip { .. }
+                    | What::Claims { .. } => true,
                     What::Slice { .. } | What::Probe { .. } if withholds(node) => false,
                     What::Slice {
                         step,
@@ -598,10 +635,19 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
                     );
                     continue;
                 }
+                if let What::Sum { step, shard, .. } = what
+                    && !gossiped
+                {
+                    let held = nodes[node as usize].ex.signed(step, shard);
+                    carried.insert(
+                        (node, to, step, shard),
+                        held.into_iter().map(|(a, m, _)| (a, m)).collect(),
+                    );
+                }
                 let b = bytes(&what, listed[step_of(&what) as usize]);
                 let src = &mut nodes[node as usize];
                 src.uplink.advance(now, src.up);
-                src.uplink.active.push((to, what, b));
+                src.uplink.send(to, what, b);
                 if let Some((t, version)) = src.uplink.next_done(now, src.up) {
                     queue.at(t, Ev::UplinkDone { node, version });
                 }
@@ -616,8 +662,39 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
                 for (to, what) in done {
                     let b = bytes(&what, listed[step_of(&what) as usize]);
                     nodes[node as usize].up_bytes += b;
+                    if let What::Claims {
+                        step,
+                        shard,
+                        manifest,
+                    } = what
+                    {
+                        // Sent to each other member in turn; each request
+                        // fails as any does (the sums carry the hashes too).
+                        nodes[node as usize].up_kinds[4] += b;
+                        for j in (0..n).filter(|&j| j != node) {
+                            if lost.next() < failure {
+                                continue;
+                            }
+                            let lat = link(&nodes, node, j);
+                            let dst = &mut nodes[j as usize];
+                            dst.down_bytes += CLAIM_BYTES;
+                            let recv = (now + lat).max(dst.down_free + CLAIM_BYTES / dst.down);
+                            dst.down_free = recv;
+                            queue.at(
+                                recv,
+                                Ev::SumHashes {
+                                    node: j,
+                                    from: node,
+                                    step,
+                                    manifest,
+                                    shards: vec![shard],
+                                },
+                            );
+                        }
+                        continue;
+                    }
                     let kind = match what {
-                        What::Gossip { .. } => continue,
+                        What::Gossip { .. } | What::Claims { .. } => continue,
                         What::Push { .. } => 0,
                         What::Sum { .. } => 1,
                         What::Slices { .. } => 2,
@@ -643,8 +720,9 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
             Ev::Arrive { from, what, .. } => {
                 let me = &mut nodes[node as usize];
                 match what {
-                    // (Never sent: gossip only shares the links.)
-                    What::Gossip { .. } => {}
+                    // (Never sent: gossip only shares the links; claims
+                    // arrive as `SumHashes`.)
+                    What::Gossip { .. } | What::Claims { .. } => {}
                     What::Push { step, shard } => {
                         open(me, node, step);
                         me.ex.on_slice(step, shard, from);
@@ -677,6 +755,15 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
                         me.ex.on_slice(step, shard, member);
                     }
                     What::Sum { step, shard, seat } => {
+                        for (a, m) in carried
+                            .remove(&(from, node, step, shard))
+                            .unwrap_or_default()
+                        {
+                            let v = me.ex.on_sum_hash(d, step, shard, a, m, TRUE_SUM);
+                            if v == exchange::Verdict::Accepted {
+                                me.last_hash.insert(step, now);
+                            }
+                        }
                         me.ex.on_sum(d, step, shard, seat, TRUE_SUM);
                         if cfg.sums_from == SumSource::Holders && held.insert((step, shard, node)) {
                             holders.entry((step, shard)).or_default().push(node);
@@ -699,7 +786,7 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
             Ev::Failed { from, what, .. } => {
                 let ex = &mut nodes[node as usize].ex;
                 match what {
-                    What::Gossip { .. } => {}
+                    What::Gossip { .. } | What::Claims { .. } => {}
                     What::Push { step, shard } => ex.on_push_failed(d, step, shard, from),
                     What::Slice {
                         step,
@@ -1051,13 +1138,37 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
                 break;
             }
         }
-        // Sum hashes are gossiped, one message per step from each aggregator's poll.
+        // Sum hashes: the seat's own at once; to every other member by
+        // request, one transfer a shard on its uplink (before message
+        // version 9, gossiped: one message per step from each poll).
         let mut by_step: BTreeMap<(u32, ManifestId), Vec<u32>> = BTreeMap::new();
         for (step, manifest, shard) in sums {
             by_step.entry((step, manifest)).or_default().push(shard);
         }
         for ((step, manifest), shards) in by_step {
-            for j in 0..n {
+            if !gossiped {
+                let src = &mut nodes[node as usize];
+                src.uplink.advance(now, src.up);
+                for &shard in &shards {
+                    let what = What::Claims {
+                        step,
+                        shard,
+                        manifest,
+                    };
+                    // One request a member, each its own stream.
+                    src.uplink
+                        .send_streams(node, what, CLAIM_BYTES, n.saturating_sub(1));
+                }
+                if let Some((t, version)) = src.uplink.next_done(now, src.up) {
+                    queue.at(t, Ev::UplinkDone { node, version });
+                }
+            }
+            let to: Vec<u32> = if gossiped {
+                (0..n).collect()
+            } else {
+                vec![node]
+            };
+            for j in to {
                 queue.at(
                     gossip_at(&nodes, node, j),
                     Ev::SumHashes {
@@ -1174,6 +1285,7 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
             recomputes: per_kind(2),
             slices: per_kind(3),
             gossip,
+            claims: per_kind(4),
         },
     }
 }
@@ -1229,6 +1341,7 @@ fn step_of(w: &What) -> u32 {
         | What::Slices { step, .. }
         | What::Probe { step, .. }
         | What::Hand { step, .. }
+        | What::Claims { step, .. }
         | What::Gossip { step } => step,
     }
 }
@@ -1294,6 +1407,54 @@ mod tests {
     }
 
     #[test]
+    fn sum_hashes_sent_by_request_cost_a_fraction_of_their_gossip_and_a_lost_one_costs_no_wait() {
+        let sent = cfg(48);
+        let gossiped = ShardedConfig {
+            gossip: GossipCost::HashesGossiped,
+            ..sent.clone()
+        };
+        let (a, b) = (
+            simulate_sharded(&sent, false),
+            simulate_sharded(&gossiped, false),
+        );
+        for r in [&a, &b] {
+            assert_eq!(r.run.steps, 6, "{r:?}");
+        }
+        assert_eq!(b.uploads.claims, 0.0);
+        assert!(a.uploads.claims > 0.0);
+        // Each member gets a seat's hash once, not once per mesh peer.
+        let gossiped_hashes = b.uploads.gossip - a.uploads.gossip;
+        assert!(a.uploads.claims < 0.25 * gossiped_hashes, "{a:?}\n{b:?}");
+        // One request in ten lost: a node whose claims from both seats of
+        // a shard were lost learns of the shard's sum from the sums that
+        // carry them, or asks a seat without a hash once the step's other
+        // hashes have come (`exchange`'s unheard shards). Every step
+        // applies, at the pace of the gossiped hashes (over three seeds:
+        // without the unheard shards' requests a node waited for ever).
+        let lossy = |c: &ShardedConfig, seed: u64| ShardedConfig {
+            base: SimConfig {
+                fetch_failure: 0.1,
+                seed,
+                ..c.base.clone()
+            },
+            ..c.clone()
+        };
+        let (mut took, mut gossip_took) = (0.0, 0.0);
+        for seed in 3..6 {
+            let x = simulate_sharded(&lossy(&sent, seed), false);
+            let y = simulate_sharded(&lossy(&gossiped, seed), false);
+            assert_eq!(x.run.steps, 6, "seed {seed}: {x:?}");
+            assert_eq!(y.run.steps, 6, "seed {seed}: {y:?}");
+            took += x.run.secs;
+            gossip_took += y.run.secs;
+        }
+        assert!(
+            took < 1.15 * gossip_took,
+            "{took} s against {gossip_took} s"
+        );
+    }
+
+    #[test]
     fn every_node_applies_every_step_through_the_aggregators() {
         let c = cfg(24);
         let r = simulate_sharded(&c, false);
@@ -1332,7 +1493,7 @@ mod tests {
         // about r payloads of its own.
         for r in [&small, &large] {
             let u = r.uploads;
-            let sum = u.pushes + u.sums + u.recomputes + u.slices + u.gossip;
+            let sum = u.pushes + u.sums + u.recomputes + u.slices + u.claims + u.gossip;
             assert!((sum - r.up_mean).abs() < 1e-6 * r.up_mean, "{u:?} {r:?}");
             let pushed = u.pushes / cfg(16).base.payload_bytes as f64;
             assert!((1.5..3.0).contains(&pushed), "{pushed} payloads pushed");

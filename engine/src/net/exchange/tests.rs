@@ -57,6 +57,10 @@ struct World {
     forwarded: BTreeSet<(u32, u32, u32)>,
     /// Sum requests as they were sent: (when, asker, shard, seat asked).
     sum_asks: Vec<(Duration, u32, u32, u32)>,
+    /// (node, shard): the seats' hashes of that shard never reach that
+    /// node by themselves (their requests were lost), only carried by a
+    /// sum it fetches.
+    deaf: BTreeSet<(u32, u32)>,
 }
 
 /// The manifest every test step uses unless it says otherwise.
@@ -135,6 +139,7 @@ impl World {
             served: BTreeSet::new(),
             forwarded: BTreeSet::new(),
             sum_asks: Vec::new(),
+            deaf: BTreeSet::new(),
         }
     }
 
@@ -252,12 +257,18 @@ impl World {
                     truth_for(shard, manifest)
                 };
                 self.signed.insert((shard, i), h);
-                for x in &mut self.nodes {
-                    x.on_sum_hash(now, step, shard, i, manifest, h);
+                for (j, x) in self.nodes.iter_mut().enumerate() {
+                    if !self.deaf.contains(&(j as u32, shard)) {
+                        x.on_sum_hash(now, step, shard, i, manifest, h);
+                    }
                 }
             }
+            // A sum answer carries the signed hashes its server holds.
             Action::FetchSum { step, shard, from } => match self.signed.get(&(shard, from)) {
                 Some(&h) => {
+                    for (seat, m, x) in self.nodes[from as usize].signed(step, shard) {
+                        self.nodes[i as usize].on_sum_hash(now, step, shard, seat, m, x);
+                    }
                     self.nodes[i as usize].on_sum(now, step, shard, from, h);
                 }
                 None => self.nodes[i as usize].on_fetch_failed(now, step, shard),
@@ -527,6 +538,45 @@ fn a_node_holds_its_first_sum_request_for_its_own_seat_then_asks_the_one_that_si
     let t0 = w.sum_asks.iter().map(|a| a.0).min().unwrap();
     let late: Vec<_> = w.sum_asks.iter().filter(|a| a.0 != t0).collect();
     assert!(late.iter().all(|a| a.1 == silent), "{late:?}");
+}
+
+#[test]
+fn a_node_that_lost_both_seats_hashes_of_a_shard_asks_a_seat_once_the_others_came() {
+    // A node never hears shard 0's hashes (both requests lost on the way):
+    // it knows of no seat that signed, so it would ask none, and wait for
+    // reserve seats that never take the shard over.
+    let mut w = World::new(8, 8, 2, none, none);
+    let shard = 0;
+    let deaf = (0..8)
+        .find(|i| !w.seats[shard as usize].contains(i))
+        .unwrap();
+    w.deaf.insert((deaf, shard));
+    w.step();
+    assert!(w.everyone_applied_once(), "{:?}", w.applied);
+    assert_eq!(
+        w.nodes[deaf as usize].accepted(0, shard),
+        Some(truth(shard))
+    );
+    // Asked once the step's other hashes stopped coming (a few home round
+    // trips later), from a seat, without a hash: the answer carried both.
+    let asks: Vec<_> = w
+        .sum_asks
+        .iter()
+        .filter(|a| a.1 == deaf && a.2 == shard)
+        .collect();
+    assert_eq!(asks.len(), 1, "{asks:?}");
+    assert!(w.seats[shard as usize].contains(&asks[0].3));
+    let others = w.sum_asks.iter().map(|a| a.0).min().unwrap();
+    assert!(asks[0].0 >= others + STALL_FLOOR, "{asks:?}");
+    assert!(w.applied_at[&deaf] < Timing::default().agree);
+    // Nobody else asked a seat before it signed.
+    assert!(
+        w.sum_asks
+            .iter()
+            .all(|a| a.1 == deaf || w.signed.contains_key(&(a.2, a.3))),
+        "{:?}",
+        w.sum_asks
+    );
 }
 
 #[test]
@@ -993,8 +1043,9 @@ fn dead_seats(reserve: bool) -> (World, Vec<u32>) {
 }
 
 /// `dead` die after the step's payloads are computed (they contribute
-/// nothing); the others compute, are listed, and run until nothing is
-/// left to do. Returns the world and the members alive.
+/// nothing); the others compute, are listed, and run for ten times
+/// `reseat` (a node keeps asking a shard it heard nothing of, every
+/// `silent`). Returns the world and the members alive.
 fn run_with_dead(mut w: World, dead: &[u32]) -> (World, Vec<u32>) {
     let n = w.nodes.len() as u32;
     for &a in dead {
@@ -1010,7 +1061,7 @@ fn run_with_dead(mut w: World, dead: &[u32]) -> (World, Vec<u32>) {
     for &i in &alive {
         w.nodes[i as usize].on_manifest(w.now, 0, M, &listed);
     }
-    w.run();
+    w.run_until(10 * Timing::default().reseat);
     (w, alive)
 }
 

@@ -79,7 +79,10 @@ impl Net {
             Request::Payload { .. } => self.payload_len.min(msg::PART as u64),
             Request::Snapshot { .. } | Request::Momentum { .. } => msg::PART as u64,
             Request::Manifest { .. } => msg::MAX_GOSSIP as u64,
-            Request::Cosign(_) | Request::Push { .. } | Request::Hand { .. } => 0,
+            Request::Cosign(_)
+            | Request::Push { .. }
+            | Request::Hand { .. }
+            | Request::Claim { .. } => 0,
             Request::Slice { .. } => (msg::MAX_SLICE_SIGNS / 8) as u64,
             Request::Sum { .. } => msg::PART as u64,
         };
@@ -186,7 +189,8 @@ impl Net {
             Request::Push { .. }
             | Request::Slice { .. }
             | Request::Sum { .. }
-            | Request::Hand { .. } => match self.member_of(from) {
+            | Request::Hand { .. }
+            | Request::Claim { .. } => match self.member_of(from) {
                 Some(m) => self.serve_sharded(m, req),
                 None => Response::NotFound,
             },
@@ -361,7 +365,8 @@ impl Net {
                 p @ (Pending::Push { .. }
                 | Pending::Slice { .. }
                 | Pending::Sum { .. }
-                | Pending::Hand),
+                | Pending::Hand
+                | Pending::Claim),
                 resp,
             ) => self.on_sharded_response(p, resp),
         }

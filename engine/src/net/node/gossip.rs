@@ -180,7 +180,12 @@ impl Net {
                 }
                 return self.on_accuse(&a);
             }
-            Body::SumHash(h) => return self.on_sum_hash_gossip(h, &signed.raw),
+            // Since message version 9 a seat sends its hash to each member
+            // by request (`Request::Claim`): no honest node gossips one.
+            Body::SumHash(_) => {
+                self.stats.drop(Drop::Malformed);
+                return acceptance(Drop::Malformed);
+            }
             Body::Withheld(w) => return self.on_withheld_gossip(w),
         }
         MessageAcceptance::Accept

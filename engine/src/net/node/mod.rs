@@ -73,12 +73,16 @@ enum Pending {
     },
     /// `member`'s slice handed to a seat that claimed it withheld.
     Hand,
-    /// The sum of `shard`, asked of aggregator `from`.
+    /// The sum of `shard` over `manifest`, asked of aggregator `from`.
     Sum {
         step: u32,
         shard: u32,
         from: u32,
+        manifest: [u8; 32],
     },
+    /// This node's signed sum hash, sent to a member (the answer only
+    /// says it arrived).
+    Claim,
 }
 
 impl Pending {
@@ -86,7 +90,11 @@ impl Pending {
     fn is_sharded(&self) -> bool {
         matches!(
             self,
-            Pending::Push { .. } | Pending::Slice { .. } | Pending::Sum { .. } | Pending::Hand
+            Pending::Push { .. }
+                | Pending::Slice { .. }
+                | Pending::Sum { .. }
+                | Pending::Hand
+                | Pending::Claim
         )
     }
 }

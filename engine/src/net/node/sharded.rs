@@ -1,5 +1,6 @@
 //! The node's side of the sharded exchange: turns [`Exchange`]'s actions
-//! into slice pushes, slice and sum requests and signed sum hashes, keeps
+//! into slice pushes, slice and sum requests and signed sum hashes (sent
+//! to every member by request, and carried by every sum served), keeps
 //! the slices and sums this node holds or serves, and hands the trainer a
 //! step's sums once every shard's is accepted. The protocol's decisions
 //! are all the state machine's (`net::exchange`); this is its I/O.
@@ -14,7 +15,7 @@ use crate::compress::Layout;
 use crate::compress::Payload;
 use crate::net::exchange::{self, Action as XAction, Exchange, ManifestId, Plan};
 use crate::net::guard::{Announced, Sample};
-use crate::net::msg::{Announce, Slice, SumHash, Withheld};
+use crate::net::msg::{Announce, Claim, Slice, SumHash, Withheld};
 use crate::shard::{self, Shard};
 
 /// This node's slices of one contribution, with their Merkle paths.
@@ -202,6 +203,23 @@ impl Sharded {
     }
 
     /// `member`'s slice of `shard` at `step`, if this node holds it.
+    /// The signed hashes held for `shard` of `step` over `manifest`, as a
+    /// sum answer carries them.
+    fn claims_of(&self, step: u32, shard: u32, manifest: ManifestId) -> Vec<Claim> {
+        let lo = (step, shard, 0, [0; 32], [0; 32]);
+        let hi = (step, shard, u32::MAX, [u8::MAX; 32], [u8::MAX; 32]);
+        self.claims
+            .range(lo..=hi)
+            .filter(|(k, _)| k.3 == manifest)
+            .take(msg::MAX_CLAIMS)
+            .map(|(k, sig)| Claim {
+                aggregator: k.2,
+                hash: k.4,
+                sig: *sig,
+            })
+            .collect()
+    }
+
     fn slice(&self, me: u32, step: u32, shard: u32, member: u32) -> Option<Slice> {
         if member == me {
             let own = self.own.get(&step)?;
@@ -933,10 +951,24 @@ impl Net {
                     hash,
                 };
                 let raw = msg::sign(&Body::SumHash(claim), &net.key);
-                if let Some(sig) = msg::signature(&raw) {
-                    sh.claims.insert((step, shard, me, manifest, hash), sig);
+                let Some(sig) = msg::signature(&raw) else {
+                    return false;
+                };
+                sh.claims.insert((step, shard, me, manifest, hash), sig);
+                // Straight to every member, once each: by gossip each got
+                // it about six times (`liveness::MESH_COPIES`), and at
+                // 1,000 members the hashes were half the job's gossip.
+                let n = net.cfg.members.len() as u32;
+                for m in (0..n).filter(|&m| m != me) {
+                    let req = Request::Claim {
+                        step,
+                        shard,
+                        manifest,
+                        hash,
+                        sig,
+                    };
+                    net.ask(m, req, Pending::Claim);
                 }
-                net.publish(raw);
                 sh.sums.insert((step, shard, hash), sums.clone());
                 sh.serving.insert((step, shard, manifest), sums);
                 sh.ex.on_sum_hash(now, step, shard, me, manifest, hash);
@@ -962,7 +994,13 @@ impl Net {
                     shard,
                     manifest,
                 };
-                if !net.ask(from, req, Pending::Sum { step, shard, from }) {
+                let asked = Pending::Sum {
+                    step,
+                    shard,
+                    from,
+                    manifest,
+                };
+                if !net.ask(from, req, asked) {
                     sh.ex.on_fetch_failed(now, step, shard);
                 }
                 false
@@ -1173,7 +1211,7 @@ impl Net {
         }
         let now = self.now();
         let me = self.cfg.me;
-        self.with_sharded(|_, sh| match (p, resp) {
+        self.with_sharded(|net, sh| match (p, resp) {
             (Pending::Push { step, shard, to }, Response::Taken) => {
                 sh.ex.on_pushed(step, shard, to);
             }
@@ -1217,12 +1255,25 @@ impl Net {
                 },
                 _,
             ) => sh.slice_failed(now, (step, shard, member), why),
-            (Pending::Sum { step, shard, from }, Response::Sum(v))
-                if sh
-                    .shards
-                    .get(shard as usize)
-                    .is_some_and(|s| s.positions == v.len()) =>
+            (
+                Pending::Sum {
+                    step,
+                    shard,
+                    from,
+                    manifest,
+                },
+                Response::Sum { sums: v, claims },
+            ) if sh
+                .shards
+                .get(shard as usize)
+                .is_some_and(|s| s.positions == v.len()) =>
             {
+                // The seats' signed hashes first, so that the sum finds
+                // its server's hash known (and its partner's, whose own
+                // `Request::Claim` may have been lost).
+                for c in &claims {
+                    net.take_claim(sh, now, (step, shard, manifest), c);
+                }
                 let h = msg::sum_hash(&v);
                 sh.sums.insert((step, shard, h), v);
                 sh.ex.on_sum(now, step, shard, from, h);
@@ -1241,6 +1292,7 @@ impl Net {
     /// A request for the exchange's data, from member `from`.
     pub(super) fn serve_sharded(&mut self, from: u32, req: Request) -> Response {
         let me = self.cfg.me;
+        let now = self.now();
         let r = self.with_sharded(|net, sh| match req {
             Request::Push { step, shard, slice } => {
                 if !net.open_step(sh, step) {
@@ -1305,28 +1357,83 @@ impl Net {
             } => sh
                 .serving
                 .get(&(step, shard, manifest))
-                .map_or(Response::NotFound, |v| Response::Sum(v.clone())),
+                .map_or(Response::NotFound, |v| Response::Sum {
+                    sums: v.clone(),
+                    claims: sh.claims_of(step, shard, manifest),
+                }),
+            Request::Claim {
+                step,
+                shard,
+                manifest,
+                hash,
+                sig,
+            } => {
+                let c = Claim {
+                    aggregator: from,
+                    hash,
+                    sig,
+                };
+                match net.take_claim(sh, now, (step, shard, manifest), &c) {
+                    exchange::Verdict::Accepted | exchange::Verdict::Duplicate => Response::Taken,
+                    _ => Response::NotFound,
+                }
+            }
             _ => Response::NotFound,
         });
         self.drive();
         r.unwrap_or(Response::NotFound)
     }
 
-    /// An aggregator's signed sum hash from gossip.
-    pub(super) fn on_sum_hash_gossip(&mut self, h: SumHash, raw: &[u8]) -> MessageAcceptance {
-        let now = self.now();
-        self.exchange_gossip(h.step, |sh| {
-            let v = sh
-                .ex
-                .on_sum_hash(now, h.step, h.shard, h.aggregator, h.manifest, h.hash);
-            if v == exchange::Verdict::Accepted
-                && let Some(sig) = msg::signature(raw)
-            {
-                sh.claims
-                    .insert((h.step, h.shard, h.aggregator, h.manifest, h.hash), sig);
+    /// A seat's signed sum hash for `shard` of `step` over `manifest`, from
+    /// the seat itself (`Request::Claim`) or carried by a sum answer:
+    /// taken when its aggregator signed it for this job and epoch and is a
+    /// seat of the shard (the exchange decides, as for any hash). A claim
+    /// already held is not checked again.
+    fn take_claim(
+        &mut self,
+        sh: &mut Sharded,
+        now: Duration,
+        (step, shard, manifest): (u32, u32, ManifestId),
+        c: &Claim,
+    ) -> exchange::Verdict {
+        let key = (step, shard, c.aggregator, manifest, c.hash);
+        if sh.claims.contains_key(&key) {
+            return exchange::Verdict::Duplicate;
+        }
+        if !self.open_step(sh, step) {
+            self.stats.drop(Drop::OutOfWindow);
+            return exchange::Verdict::UnknownStep;
+        }
+        let claim = SumHash {
+            job: self.cfg.job,
+            epoch: self.cfg.epoch,
+            step,
+            shard,
+            aggregator: c.aggregator,
+            manifest,
+            hash: c.hash,
+        };
+        let signed = self
+            .cfg
+            .members
+            .get(c.aggregator as usize)
+            .is_some_and(|k| msg::signed_by(&Body::SumHash(claim), k, &c.sig));
+        if !signed {
+            self.stats.drop(Drop::BadSignature);
+            return exchange::Verdict::NotASeat;
+        }
+        let v = sh
+            .ex
+            .on_sum_hash(now, step, shard, c.aggregator, manifest, c.hash);
+        match v {
+            exchange::Verdict::Accepted => {
+                self.stats.accepted += 1;
+                sh.claims.insert(key, c.sig);
             }
-            v
-        })
+            exchange::Verdict::NotASeat => self.stats.drop(Drop::NotMember),
+            _ => {}
+        }
+        v
     }
 
     /// A seat's signed claim that a listed slice is withheld: checked by
