@@ -36,6 +36,7 @@ const FLAGS: &[&str] = &[
     "fetch-failure",
     "redundancy",
     "members-per-shard",
+    "min-shards",
     "spots",
     "backups",
     "sharded-steps",
@@ -502,6 +503,11 @@ fn sharded(
         }
     }
     f.num("sharded_redundancy", redundancy as f64)
+        .num(
+            "sharded_members_per_shard",
+            a.get("members-per-shard", 1usize)? as f64,
+        )
+        .num("sharded_min_shards", a.get("min-shards", 0usize)? as f64)
         .num("sharded_stall_share", timing.stall_share)
         .num("sharded_stall_floor_secs", floor)
         .num("sharded_hedge_secs", timing.hedge.as_secs_f64())
@@ -752,10 +758,16 @@ fn sharded_config(a: &Args, base: &SimConfig, positions: u64, bits: u32) -> Resu
         // One shard per member unless `--members-per-shard` asks for
         // fewer, larger shards (fewer sum hashes to send, more load on
         // each seat).
-        shards: match a.get("members-per-shard", 1usize)? {
-            0 => anyhow::bail!("--members-per-shard 0: expected 1 or more"),
-            1 => 0,
-            k => (base.nodes as usize).div_ceil(k),
+        // `--min-shards` raises the count to at least that many (what
+        // `exchange::plan_for` does where a shard would exceed what one
+        // slice carries: 286 for this model).
+        shards: match (
+            a.get("members-per-shard", 1usize)?,
+            a.get("min-shards", 0usize)?,
+        ) {
+            (0, _) => anyhow::bail!("--members-per-shard 0: expected 1 or more"),
+            (1, 0) => 0,
+            (k, least) => (base.nodes as usize).div_ceil(k).max(least),
         },
         spots: a.get("spots", 1)?,
         backups: a.get("backups", 4)?,
