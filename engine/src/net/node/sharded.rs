@@ -202,7 +202,6 @@ impl Sharded {
         self.samples = self.samples.split_off(&(step, 0, 0));
     }
 
-    /// `member`'s slice of `shard` at `step`, if this node holds it.
     /// The signed hashes held for `shard` of `step` over `manifest`, as a
     /// sum answer carries them.
     fn claims_of(&self, step: u32, shard: u32, manifest: ManifestId) -> Vec<Claim> {
@@ -220,6 +219,7 @@ impl Sharded {
             .collect()
     }
 
+    /// `member`'s slice of `shard` at `step`, if this node holds it.
     fn slice(&self, me: u32, step: u32, shard: u32, member: u32) -> Option<Slice> {
         if member == me {
             let own = self.own.get(&step)?;
