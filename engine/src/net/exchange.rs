@@ -552,7 +552,8 @@ struct Step {
     /// be lost: a shard whose every hash was lost on the way here would
     /// wait `silent` for its backups, then `reseat`. Once hashes stopped
     /// coming with only a few shards left ([`Stall`], as for sums), each
-    /// of the few is asked once of its rotation seat without a hash: a
+    /// of the few is asked of a seat without a hash (the rotation's, then
+    /// the next), again each time `hash_wait` passes with none coming; a
     /// seat that summed answers with the sum and the hashes it holds
     /// (`msg::Response::Sum`), one that did not says so, and the shard
     /// waits for its hashes as before.
@@ -567,7 +568,7 @@ struct Step {
     /// request every `silent`.
     hash_wait: Duration,
     /// Shards the stall took for unheard: each asked once without a hash
-    /// each time.
+    /// each time the stall fires.
     hashes_lost: BTreeSet<u32>,
     agg: BTreeMap<u32, Agg>,
     recv: Vec<Recv>,

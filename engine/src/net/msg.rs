@@ -679,6 +679,22 @@ pub struct Claim {
     pub sig: [u8; 64],
 }
 
+impl Claim {
+    fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.aggregator.to_le_bytes());
+        out.extend_from_slice(&self.hash);
+        out.extend_from_slice(&self.sig);
+    }
+
+    fn decode(r: &mut Reader) -> Option<Self> {
+        Some(Self {
+            aggregator: r.u32().ok()?,
+            hash: r.array().ok()?,
+            sig: r.array().ok()?,
+        })
+    }
+}
+
 /// Most signed hashes one sum answer carries: a shard's seats and every
 /// round of its reserve seats (`shard::RESERVE_ROUNDS` of `Plan::REDUNDANCY`),
 /// with room to spare.
@@ -775,8 +791,8 @@ pub const MAX_REQUEST: usize = 1 + 12 + 4 + MAX_SLICE_SIGNS / 8 + 1 + 32 * MAX_P
 /// Largest response: a part plus its headers, a manifest, or a sum with
 /// its claims.
 pub const MAX_RESPONSE: usize = PART + 64 + MAX_CLAIMS * CLAIM_BYTES;
-/// A [`Claim`] on the wire.
-const CLAIM_BYTES: usize = 4 + 32 + 64;
+/// A [`Claim`] on the wire (aggregator, hash, signature).
+pub const CLAIM_BYTES: usize = 4 + 32 + 64;
 /// Largest payload a node downloads. A 1.21 B-parameter model's payload at
 /// 4 coefficients per 64 x 64 chunk is 1.96 MB; this leaves room for 30
 /// times more coefficients.
@@ -977,9 +993,7 @@ impl Response {
                 out.push(7);
                 out.push(claims.len().min(MAX_CLAIMS) as u8);
                 for c in claims.iter().take(MAX_CLAIMS) {
-                    out.extend_from_slice(&c.aggregator.to_le_bytes());
-                    out.extend_from_slice(&c.hash);
-                    out.extend_from_slice(&c.sig);
+                    c.encode(&mut out);
                 }
                 out.extend_from_slice(&crate::shard::pack_sums(sums));
             }
@@ -1007,24 +1021,16 @@ impl Response {
                 Response::Slice(slice)
             }
             7 => {
-                let (&count, mut rest) = rest.split_first()?;
-                if usize::from(count) > MAX_CLAIMS {
+                let mut r = Reader::new(rest);
+                let count = usize::from(r.u8().ok()?);
+                if count > MAX_CLAIMS {
                     return None;
                 }
-                let mut claims = Vec::with_capacity(count.into());
-                for _ in 0..count {
-                    let (c, tail) = rest.split_at_checked(CLAIM_BYTES)?;
-                    claims.push(Claim {
-                        aggregator: u32::from_le_bytes(c[..4].try_into().ok()?),
-                        hash: c[4..36].try_into().ok()?,
-                        sig: c[36..].try_into().ok()?,
-                    });
-                    rest = tail;
-                }
-                Response::Sum {
-                    sums: crate::shard::unpack_sums(rest)?,
-                    claims,
-                }
+                let claims = (0..count)
+                    .map(|_| Claim::decode(&mut r))
+                    .collect::<Option<Vec<_>>>()?;
+                let sums = crate::shard::unpack_sums(r.bytes(r.remaining()).ok()?)?;
+                Response::Sum { sums, claims }
             }
             _ => return None,
         })

@@ -107,9 +107,6 @@ const ENVELOPE: f64 = 100.0;
 /// A seat's signed sum hash sent to a member (`msg::Request::Claim`: kind,
 /// step, shard, manifest, hash, signature), with a request's [`ENVELOPE`].
 pub const CLAIM_BYTES: f64 = 1.0 + 4.0 + 4.0 + 32.0 + 32.0 + 64.0 + ENVELOPE;
-/// A signed hash a sum answer carries (`msg::Claim`: seat, hash,
-/// signature).
-pub const ATTACHED_CLAIM_BYTES: f64 = 4.0 + 32.0 + 64.0;
 
 impl ShardedConfig {
     pub fn shard_count(&self) -> usize {
@@ -379,6 +376,15 @@ struct Node {
 }
 
 impl Node {
+    /// `bytes` sent to this node reach it: no sooner than `at`, and after
+    /// what its downlink is still receiving (first come, first served).
+    /// When they are in.
+    fn receive(&mut self, at: f64, bytes: f64) -> f64 {
+        self.down_bytes += bytes;
+        self.down_free = at.max(self.down_free + bytes / self.down);
+        self.down_free
+    }
+
     fn mark(&mut self, step: u32, which: usize, now: f64) {
         let m = self.marks.entry(step).or_default();
         m[which].get_or_insert(now);
@@ -429,7 +435,7 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
     let attached = if gossiped {
         0.0
     } else {
-        cfg.redundancy as f64 * ATTACHED_CLAIM_BYTES
+        (cfg.redundancy * super::msg::CLAIM_BYTES) as f64
     };
     let mut nodes: Vec<Node> = (0..n)
         .map(|i| {
@@ -675,11 +681,8 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
                             if lost.next() < failure {
                                 continue;
                             }
-                            let lat = link(&nodes, node, j);
-                            let dst = &mut nodes[j as usize];
-                            dst.down_bytes += CLAIM_BYTES;
-                            let recv = (now + lat).max(dst.down_free + CLAIM_BYTES / dst.down);
-                            dst.down_free = recv;
+                            let at = now + link(&nodes, node, j);
+                            let recv = nodes[j as usize].receive(at, CLAIM_BYTES);
                             queue.at(
                                 recv,
                                 Ev::SumHashes {
@@ -701,11 +704,8 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
                         What::Slice { .. } | What::Probe { .. } | What::Hand { .. } => 3,
                     };
                     nodes[node as usize].up_kinds[kind] += b;
-                    let lat = link(&nodes, node, to);
-                    let dst = &mut nodes[to as usize];
-                    dst.down_bytes += b;
-                    let recv = (now + lat).max(dst.down_free + b / dst.down);
-                    dst.down_free = recv;
+                    let at = now + link(&nodes, node, to);
+                    let recv = nodes[to as usize].receive(at, b);
                     queue.at(
                         recv,
                         Ev::Arrive {
