@@ -319,13 +319,10 @@ pub fn run(raw: &[String]) -> Result<()> {
             );
         results.push((key, nodes, free, net));
     }
-    let positions: usize = (0..layout.dcts.len())
-        .map(|p| layout.dcts[p].tiling.chunks() * layout.topk[p])
-        .sum();
-    let large_sign = sharded(&a, &mut md, &mut f, &bases, positions as u64, compute_secs)?;
-    spread(&a, &mut md, &mut f, &small, positions as u64, sharded_only)?;
+    let large_sign = sharded(&a, &mut md, &mut f, &bases, &layout, compute_secs)?;
+    spread(&a, &mut md, &mut f, &small, &layout, sharded_only)?;
     if let Some(first) = large_sign {
-        spread_large(&a, &mut md, &mut f, first, positions as u64)?;
+        spread_large(&a, &mut md, &mut f, first, &layout)?;
     }
     let seed48 = results.iter().find(|r| r.0 == "seed48");
     if let Some((_, nodes, free, net)) = seed48 {
@@ -358,7 +355,7 @@ fn sharded(
     md: &mut String,
     f: &mut Figures,
     bases: &[SimConfig],
-    positions: u64,
+    layout: &Layout,
     compute_secs: f64,
 ) -> Result<Option<(SimConfig, [f64; 3])>> {
     let largest = bases.iter().map(|b| b.nodes).max();
@@ -385,7 +382,7 @@ fn sharded(
         format!("{floor:.2} s")
     };
     md.push_str(&format!(
-        "\n### The sharded exchange\n\n`net::exchange` is the data plane of issue 18's sharded exchange as a pure state machine: the libp2p node drives it (tested across 8 processes; a job of 10 members or more runs it, in the app and `cohort-peer` alike, `net::exchange::plan_for`) and `net::sim_sharded` drives it with the real step machine in virtual time (unit tests cover liars, silent and colluding aggregators). One shard per member; each shard has {redundancy} aggregators drawn per step; a member pushes each aggregator its slice (signs, a Merkle path, a 100-byte envelope) and announces once every shard holds it somewhere (its last few pushes, one in twenty at most, are sent again once the others' answers have stopped coming for {stall}: a lost request is otherwise learnt only at its deadline); an aggregator sums the listed slices, signs the sum's hash and sends it to every member by request (one request each, failing as any does; every sum served carries the signed hashes its server holds, so a lost one costs no wait; before message version 9 the hash was gossiped, `--gossip hashes-gossiped`); every node downloads each shard's sum once (from the seat its rotation gives it, by node and shard, holding its first request up to {:.1} s for that seat when the other signed first) and takes it when the seats agree (or the rest are silent {:.0} s after the first); each shard is also recomputed from its slices by {spots} node(s) a step on average (one shard a node, with one shard per member), and about {backups} nodes recompute a shard whose seat is silent, both beside acceptance (a spot check once the node has taken the sum; a check that proves the sum false rewinds the step). A sum or slice request unanswered for {:.0} s is also sent to the next source (a hedged request; a node hedges at most a twentieth of its first requests beyond 32 saved ones), and so are a node's last few sum requests and a seat's last few slice fetches (one in twenty at most) at once when the others' answers stalled as the pushes' do; a seat waits {:.1} s after the manifest for pushes in flight before it fetches the listed slices it lacks. A sum is either the exact integer vote count (what `shard::sum` builds and `shard::check` proves wrong: ⌈log2(2·members+1)⌉ bits a position) or only its sign (2 bits: a different update rule, since the recipe's decoder takes signs after the inverse DCT of the summed votes, not before; its convergence is measured as *signagg* in the convergence table above, with 4 members only, where a sign sum loses little: a vote of 4–0 counts as one of 3–1; with hundreds of members it drops far more of the count, which is not measured). Same links, compute, failure rate, deadlines, seed and number of steps as the all-to-all run of the same deployment above; the baseline is the same design with no network cost. Upload and download are per node per step, in payloads ({}).\n\n| nodes | steps | sum | aggregate | s/step free | s/step links | contributors (free) | contributed-token efficiency | share of ideal (free → links) | upload mean (max) | download mean (max) | of which gossip | recomputations per node-step | after compute: manifest / accepted / applied (s) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "\n### The sharded exchange\n\n`net::exchange` is the data plane of issue 18's sharded exchange as a pure state machine: the libp2p node drives it (tested across 8 processes; a job of 10 members or more runs it, in the app and `cohort-peer` alike, `net::exchange::plan_for`) and `net::sim_sharded` drives it with the real step machine in virtual time (unit tests cover liars, silent and colluding aggregators). One shard per two members, as the node cuts them (`exchange::shard_count`; more where a shard would exceed what one slice carries, `msg::MAX_SLICE_SIGNS` signs, as at 48 nodes on this model); each shard has {redundancy} aggregators drawn per step; a member pushes each aggregator its slice (signs, a Merkle path, a 100-byte envelope) and announces once every shard holds it somewhere (its last few pushes, one in twenty at most, are sent again once the others' answers have stopped coming for {stall}: a lost request is otherwise learnt only at its deadline); an aggregator sums the listed slices, signs the sum's hash and sends it to every member by request (one request each, failing as any does; every sum served carries the signed hashes its server holds, so a lost one costs no wait; before message version 9 the hash was gossiped, `--gossip hashes-gossiped`); every node downloads each shard's sum once (from the seat its rotation gives it, by node and shard, holding its first request up to {:.1} s for that seat when the other signed first) and takes it when the seats agree (or the rest are silent {:.0} s after the first); each shard is also recomputed from its slices by {spots} node(s) a step on average (a node checks a shard with probability `spots · shards / members`), and about {backups} nodes recompute a shard whose seat is silent, both beside acceptance (a spot check once the node has taken the sum; a check that proves the sum false rewinds the step). A sum or slice request unanswered for {:.0} s is also sent to the next source (a hedged request; a node hedges at most a twentieth of its first requests beyond 32 saved ones), and so are a node's last few sum requests and a seat's last few slice fetches (one in twenty at most) at once when the others' answers stalled as the pushes' do; a seat waits {:.1} s after the manifest for pushes in flight before it fetches the listed slices it lacks. A sum is either the exact integer vote count (what `shard::sum` builds and `shard::check` proves wrong: ⌈log2(2·members+1)⌉ bits a position) or only its sign (2 bits: a different update rule, since the recipe's decoder takes signs after the inverse DCT of the summed votes, not before; its convergence is measured as *signagg* in the convergence table above, with 4 members only, where a sign sum loses little: a vote of 4–0 counts as one of 3–1; with hundreds of members it drops far more of the count, which is not measured). Same links, compute, failure rate, deadlines, seed and number of steps as the all-to-all run of the same deployment above; the baseline is the same design with no network cost. Upload and download are per node per step, in payloads ({}).\n\n| nodes | shards | steps | sum | aggregate | s/step free | s/step links | contributors (free) | contributed-token efficiency | share of ideal (free → links) | upload mean (max) | download mean (max) | of which gossip | recomputations per node-step | after compute: manifest / accepted / applied (s) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
         timing.seat_wait.as_secs_f64(),
         timing.agree.as_secs_f64(),
         timing.hedge.as_secs_f64(),
@@ -403,7 +400,7 @@ fn sharded(
             if !sums.split(',').any(|s| s == sum) {
                 continue;
             }
-            let cfg = sharded_config(a, base, positions, bits)?;
+            let cfg = sharded_config(a, base, layout, bits)?;
             let (steps, bits) = (cfg.base.steps, cfg.sum_bits);
             let wall = std::time::Instant::now();
             let free = simulate_sharded(&cfg, true);
@@ -415,7 +412,8 @@ fn sharded(
             );
             let pay = base.payload_bytes as f64;
             let line = format!(
-                "| {nodes} | {steps} | {sum} ({bits} bits) | {:.2} | {:.2} | {:.2} | {:.1} ({:.1}) | {eff:.3} | {ideal_free:.3} → {ideal:.3} | {:.2} ({:.2}) | {:.2} ({:.2}) | {:.2} | {:.2} | {:.1} / {:.1} / {:.1} |",
+                "| {nodes} | {} | {steps} | {sum} ({bits} bits) | {:.2} | {:.2} | {:.2} | {:.1} ({:.1}) | {eff:.3} | {ideal_free:.3} → {ideal:.3} | {:.2} ({:.2}) | {:.2} ({:.2}) | {:.2} | {:.2} | {:.1} / {:.1} / {:.1} |",
+                cfg.shard_count(),
                 cfg.aggregate_bytes() / pay,
                 free.run.secs / steps as f64,
                 net.run.secs / steps as f64,
@@ -455,7 +453,8 @@ fn sharded(
                 net.up_mean / pay,
             ));
             let key = format!("sharded{nodes}_{sum}");
-            f.num(&format!("{key}_upload_pushes_payloads"), u.pushes / pay)
+            f.num(&format!("{key}_shards"), cfg.shard_count() as f64)
+                .num(&format!("{key}_upload_pushes_payloads"), u.pushes / pay)
                 .num(&format!("{key}_upload_sums_payloads"), u.sums / pay)
                 .num(
                     &format!("{key}_upload_recompute_slices_payloads"),
@@ -505,7 +504,7 @@ fn sharded(
     f.num("sharded_redundancy", redundancy as f64)
         .num(
             "sharded_members_per_shard",
-            a.get("members-per-shard", 1usize)? as f64,
+            a.get("members-per-shard", 0usize)? as f64,
         )
         .num("sharded_min_shards", a.get("min-shards", 0usize)? as f64)
         .num("sharded_stall_share", timing.stall_share)
@@ -561,7 +560,7 @@ fn spread(
     md: &mut String,
     f: &mut Figures,
     small: &[(String, SimConfig)],
-    positions: u64,
+    layout: &Layout,
     sharded_only: bool,
 ) -> Result<()> {
     let seeds: u32 = a.get("seeds", 5)?;
@@ -606,7 +605,7 @@ fn spread(
                             seed: 42 + k as u64,
                             ..cfg.clone()
                         };
-                        seed_run(a, &c, positions, bits)
+                        seed_run(a, &c, layout, bits)
                     })
                     .collect::<Result<_>>()?;
                 rows.push((
@@ -627,8 +626,8 @@ fn spread(
 /// One seed's sharded run over `cfg` with `bits`-bit sums, for a spread
 /// table: share of ideal free, over links, and contributed-token
 /// efficiency.
-fn seed_run(a: &Args, cfg: &SimConfig, positions: u64, bits: u32) -> Result<[f64; 3]> {
-    let s = sharded_config(a, cfg, positions, bits)?;
+fn seed_run(a: &Args, cfg: &SimConfig, layout: &Layout, bits: u32) -> Result<[f64; 3]> {
+    let s = sharded_config(a, cfg, layout, bits)?;
     let (free, net) = (simulate_sharded(&s, true), simulate_sharded(&s, false));
     Ok([
         share_of_ideal(&free.run, cfg),
@@ -682,7 +681,7 @@ fn spread_large(
     md: &mut String,
     f: &mut Figures,
     first: (SimConfig, [f64; 3]),
-    positions: u64,
+    layout: &Layout,
 ) -> Result<()> {
     let seeds: u32 = a.get("large-seeds", 3)?;
     f.num("large_seeds", seeds as f64);
@@ -702,7 +701,7 @@ fn spread_large(
             ..base.clone()
         };
         let wall = std::time::Instant::now();
-        let run = seed_run(a, &c, positions, 2)?;
+        let run = seed_run(a, &c, layout, 2)?;
         println!(
             "  seed {}: share of ideal {:.3} → {:.3}, contributed-token efficiency {:.3} ({:.1} s to simulate)",
             c.seed,
@@ -726,7 +725,7 @@ fn spread_large(
 /// The sharded design over the deployment `base`, with the aggregators,
 /// spot checks and backups the flags ask for; `bits` 0 means integer sums
 /// (as many bits as the vote count needs).
-fn sharded_config(a: &Args, base: &SimConfig, positions: u64, bits: u32) -> Result<ShardedConfig> {
+fn sharded_config(a: &Args, base: &SimConfig, layout: &Layout, bits: u32) -> Result<ShardedConfig> {
     let redundancy: usize = a.get("redundancy", 2)?;
     if redundancy == 0 {
         anyhow::bail!("--redundancy 0: every shard needs at least one aggregator");
@@ -755,23 +754,22 @@ fn sharded_config(a: &Args, base: &SimConfig, positions: u64, bits: u32) -> Resu
             ..base.clone()
         },
         redundancy,
-        // One shard per member unless `--members-per-shard` asks for
-        // fewer, larger shards (fewer sum hashes to send, more load on
-        // each seat).
-        // `--min-shards` raises the count to at least that many (what
-        // `exchange::plan_for` does where a shard would exceed what one
-        // slice carries: 286 for this model).
-        shards: match (
-            a.get("members-per-shard", 1usize)?,
-            a.get("min-shards", 0usize)?,
-        ) {
-            (0, _) => anyhow::bail!("--members-per-shard 0: expected 1 or more"),
-            (1, 0) => 0,
-            (k, least) => (base.nodes as usize).div_ceil(k).max(least),
-        },
+        // The node's rule (`exchange::shard_count`: one shard per two
+        // members, more where a shard would exceed one slice) unless
+        // `--members-per-shard K` asks for ⌈nodes / K⌉ shards.
+        // `--min-shards` raises the count to at least that many.
+        shards: match a.get("members-per-shard", 0usize)? {
+            0 => exchange::shard_count(base.nodes as usize, layout).ok_or_else(|| {
+                anyhow::anyhow!("no shard count cuts this model into slices that fit")
+            })?,
+            k => (base.nodes as usize).div_ceil(k),
+        }
+        .max(a.get("min-shards", 0usize)?),
         spots: a.get("spots", 1)?,
         backups: a.get("backups", 4)?,
-        positions,
+        positions: (0..layout.dcts.len())
+            .map(|p| layout.dcts[p].tiling.chunks() * layout.topk[p])
+            .sum::<usize>() as u64,
         sum_bits: if bits == 0 { full } else { bits },
         timing: exchange_timing(a)?,
         withholding,

@@ -155,9 +155,14 @@ mod tests {
         let shapes: Vec<Vec<usize>> = t.model.shapes().into_iter().map(|(_, s)| s).collect();
         let layout = crate::compress::Layout::new(&shapes, &t.compress);
         let chunks: usize = layout.dcts.iter().map(|d| d.tiling.chunks()).sum();
-        for members in [10, 48, 1000] {
+        for members in [10, 11, 48, 1000] {
             let plan = plan_for(members, &t).unwrap();
-            assert_eq!(plan.shards, members.min(chunks), "{members} members");
+            // Two members a shard, as many seats as members.
+            assert_eq!(
+                plan.shards,
+                members.div_ceil(2).min(chunks),
+                "{members} members"
+            );
             assert_eq!(plan.redundancy, 2);
             let shards = crate::shard::split(&layout, plan.shards).unwrap();
             assert!(

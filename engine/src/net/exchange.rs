@@ -110,6 +110,16 @@ impl Plan {
     /// Seats per shard when a job's exchange is chosen by [`plan_for`]:
     /// two, so a lying seat disagrees with an honest one.
     pub const REDUNDANCY: usize = 2;
+    /// Members per shard when a job's exchange is chosen by [`plan_for`]:
+    /// two, so a member holds about one seat a step (with two seats a
+    /// shard) instead of two. Half the shards halves what scales with
+    /// them: the seats' signed sum hashes every member receives and the
+    /// per-slice overheads of every push. A seat sums twice the positions
+    /// from the same members, and a spot check's bytes and a liar's odds
+    /// of being caught do not change ([`checks`]). Measured against one
+    /// shard a member in `cohort-bench simulate` (`--members-per-shard`,
+    /// `docs/p2p.md`).
+    pub const MEMBERS_PER_SHARD: usize = 2;
 }
 
 /// The aggregate a member downloads per shard under the sharded exchange,
@@ -133,35 +143,43 @@ pub fn sharded_for(members: usize) -> bool {
 /// The one rule that chooses a job's exchange by its member count, for the
 /// app and `cohort-peer` alike: None (all-to-all) below [`sharded_for`] or
 /// where the recipe's rule is not the shared one (members of a top-k rule
-/// name positions of their own, which no shard can sum); otherwise one
-/// shard per member, or more where a shard would exceed what one slice
-/// carries ([`crate::net::msg::MAX_SLICE_SIGNS`]), two seats each.
+/// name positions of their own, which no shard can sum); otherwise
+/// [`shard_count`] shards, two seats each.
 pub fn plan_for(members: usize, train: &crate::trainer::TrainConfig) -> Option<Plan> {
     if !sharded_for(members) || train.compress.select != crate::compress::Select::Shared {
         return None;
     }
     let shapes: Vec<Vec<usize>> = train.model.shapes().into_iter().map(|(_, s)| s).collect();
     let layout = crate::compress::Layout::new(&shapes, &train.compress);
+    shard_count(members, &layout).map(|shards| Plan {
+        shards,
+        redundancy: Plan::REDUNDANCY,
+        spots: 1,
+        backups: 4,
+        timing: Timing::default(),
+    })
+}
+
+/// The shards a job of `members` cuts `layout` into under the sharded
+/// exchange, for the node ([`plan_for`]) and `cohort-bench simulate`
+/// alike: one shard per [`Plan::MEMBERS_PER_SHARD`] members, or more where
+/// a shard would exceed what one slice carries
+/// ([`crate::net::msg::MAX_SLICE_SIGNS`]), and no more than the layout's
+/// chunks. None where no count up to the chunks cuts slices that fit.
+pub fn shard_count(members: usize, layout: &crate::compress::Layout) -> Option<usize> {
     let chunks: usize = layout.dcts.iter().map(|d| d.tiling.chunks()).sum();
     let positions: usize = (0..layout.dcts.len())
         .map(|p| layout.dcts[p].tiling.chunks() * layout.topk[p])
         .sum();
     let least = positions.div_ceil(crate::net::msg::MAX_SLICE_SIGNS);
-    (members.max(least).min(chunks)..=chunks)
-        .find(|&n| {
-            crate::shard::split(&layout, n).is_ok_and(|shards| {
-                shards
-                    .iter()
-                    .all(|s| s.positions <= crate::net::msg::MAX_SLICE_SIGNS)
-            })
+    let wanted = members.div_ceil(Plan::MEMBERS_PER_SHARD);
+    (wanted.max(least).min(chunks)..=chunks).find(|&n| {
+        crate::shard::split(layout, n).is_ok_and(|shards| {
+            shards
+                .iter()
+                .all(|s| s.positions <= crate::net::msg::MAX_SLICE_SIGNS)
         })
-        .map(|shards| Plan {
-            shards,
-            redundancy: Plan::REDUNDANCY,
-            spots: 1,
-            backups: 4,
-            timing: Timing::default(),
-        })
+    })
 }
 
 /// Per shard, the members seated on it.

@@ -50,7 +50,10 @@ use libp2p::identity::ed25519;
 /// request (`Request::Claim`), not by gossip, and every sum served
 /// carries the signed hashes its server holds for it
 /// (`Response::Sum::claims`); a `SumHash` on gossip is refused.
-pub const VERSION: u8 = 9;
+/// 10 (2026-12-07): a job of n members cuts ⌈n/2⌉ shards, not n
+/// (`exchange::Plan::MEMBERS_PER_SHARD`), so a version-9 node seats a
+/// step's aggregators on other shards than a version-10 one.
+pub const VERSION: u8 = 10;
 const MAGIC: &[u8; 3] = b"CHN";
 const DOMAIN: &[u8] = b"cohort-net-v1";
 /// Largest gossip message a node accepts: a manifest lists 36 bytes per
