@@ -274,6 +274,8 @@ pub struct Setting {
     pub shared_k: usize,
     pub decode: Decode,
     pub adaptive_beta2: f32,
+    /// The decoupled weight decay of the grid and its climbs (`--wd`); a
+    /// method's tuned point may take another (`Point::wd`).
     pub weight_decay: f32,
     /// Where the cosine ends, as a share of the peak learning rate.
     pub min_lr: f32,
@@ -288,6 +290,8 @@ pub struct Point {
     pub lr: f32,
     /// AdamW's β1; the momentum decay of sign-SGD and of Cohort's members.
     pub momentum: f32,
+    /// The decoupled weight decay.
+    pub wd: f32,
     pub seed: u32,
     pub schedule: Schedule,
 }
@@ -334,7 +338,7 @@ impl Setting {
                     ..CompressConfig::default()
                 },
                 lr: self.lr(p.lr),
-                weight_decay: self.weight_decay,
+                weight_decay: p.wd,
                 adaptive_beta2: self.adaptive_beta2,
                 // `shared` is the shared rule without the look-ahead, as
                 // logged; `sharedlook<P>` runs the look-ahead in this
@@ -884,6 +888,7 @@ pub(crate) mod tests {
             method,
             lr: 3e-3,
             momentum: 0.99,
+            wd: 0.1,
             seed: 0,
             schedule,
         };
@@ -914,6 +919,7 @@ pub(crate) mod tests {
             method: Method::Shared,
             lr: 3e-3,
             momentum: 0.99,
+            wd: 0.1,
             seed: 0,
             schedule: Schedule::OneStepStale,
         };

@@ -46,6 +46,9 @@ struct Plan {
     methods: Vec<Method>,
     lrs: Vec<f32>,
     momenta: Vec<f32>,
+    /// Weight decays tried besides the grid's (`Setting::weight_decay`) at
+    /// each method's climbed point (`Plan::decay`).
+    wds: Vec<f32>,
     grid_seeds: u32,
     seeds: u32,
     schedule: Schedule,
@@ -57,6 +60,14 @@ struct Plan {
     /// The section and JSON it publishes: `convergence` by default, another
     /// name for a sweep in other settings (a shorter horizon, a larger batch).
     name: String,
+}
+
+/// A method's tuned point.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Tuned {
+    lr: f32,
+    momentum: f32,
+    wd: f32,
 }
 
 impl Plan {
@@ -75,6 +86,7 @@ impl Plan {
                         method: m,
                         lr,
                         momentum,
+                        wd: self.setting.weight_decay,
                         seed,
                         schedule: self.schedule,
                     });
@@ -99,6 +111,7 @@ impl Plan {
                         method: m,
                         lr,
                         momentum,
+                        wd: self.setting.weight_decay,
                         seed,
                         schedule: self.schedule,
                     };
@@ -141,6 +154,7 @@ impl Plan {
                     method: m,
                     lr: lrs[i],
                     momentum,
+                    wd: self.setting.weight_decay,
                     seed,
                     schedule,
                 })
@@ -173,35 +187,102 @@ impl Plan {
         (named, Some((lrs[best.0], momentum)))
     }
 
+    /// The step that ends every method's tuning: at `at` (its climbed
+    /// learning rate and momentum), each of the plan's other weight decays
+    /// on the grid seeds; the lowest mean loss wins, the grid's own on a
+    /// tie. So a weight decay that helps one method is tried on every
+    /// method, the baseline included. Returns the runs it names (the
+    /// other weight decays'), and the tuned point once they are all in.
+    fn decay(
+        &self,
+        m: Method,
+        schedule: Schedule,
+        (lr, momentum): (f32, f32),
+        done: &HashMap<String, Record>,
+    ) -> (Vec<Point>, Option<Tuned>) {
+        let mut named = Vec::new();
+        let mut best: Option<(f32, f64)> = None;
+        let mut complete = true;
+        for wd in std::iter::once(self.setting.weight_decay).chain(self.wds.iter().copied()) {
+            let mut sum = 0.0;
+            for seed in 0..self.grid_seeds {
+                let p = Point {
+                    method: m,
+                    lr,
+                    momentum,
+                    wd,
+                    seed,
+                    schedule,
+                };
+                // The grid's weight decay is the climb's end, named there.
+                if wd != self.setting.weight_decay {
+                    named.push(p);
+                }
+                match done.get(&runs::key(&self.setting, &p)) {
+                    Some(r) => sum += r.final_val_loss,
+                    None => complete = false,
+                }
+            }
+            let mean = sum / self.grid_seeds as f64;
+            if best.is_none_or(|(_, b)| mean < b) {
+                best = Some((wd, mean));
+            }
+        }
+        let tuned = best
+            .filter(|_| complete)
+            .map(|(wd, _)| Tuned { lr, momentum, wd });
+        (named, tuned)
+    }
+
     /// `m`'s tuned point: its best on the grid, climbed past the grid's
-    /// edge when it sits there (`climb`); a look-ahead runs at the shared
-    /// rule's.
-    fn tuned(&self, m: Method, done: &HashMap<String, Record>) -> (Vec<Point>, Option<(f32, f32)>) {
+    /// edge when it sits there (`climb`), then its weight decay (`decay`);
+    /// a look-ahead runs at the shared rule's.
+    fn tuned(&self, m: Method, done: &HashMap<String, Record>) -> (Vec<Point>, Option<Tuned>) {
         if m.looks_ahead() {
             return (Vec::new(), self.tuned(Method::Shared, done).1);
         }
-        match self.best(m, done) {
-            Some(best) => self.climb(m, self.schedule, best, done),
-            None => (Vec::new(), None),
-        }
+        let Some(best) = self.best(m, done) else {
+            return (Vec::new(), None);
+        };
+        self.climbed(m, self.schedule, best, done)
+    }
+
+    /// The climb from `start` on `schedule`, then the weight-decay step
+    /// at its end.
+    fn climbed(
+        &self,
+        m: Method,
+        schedule: Schedule,
+        start: (f32, f32),
+        done: &HashMap<String, Record>,
+    ) -> (Vec<Point>, Option<Tuned>) {
+        let (mut named, climbed) = self.climb(m, schedule, start, done);
+        let Some(at) = climbed else {
+            return (named, None);
+        };
+        let (decays, tuned) = self.decay(m, schedule, at, done);
+        named.extend(decays);
+        (named, tuned)
     }
 
     /// The lock-step AdamW reference's tuning: the climb on the lock-step
-    /// schedule from AdamW's tuned point on the sweep's, whose β1 it keeps.
-    /// So the baseline is tuned by learning rate as far as every method.
-    fn reference(&self, done: &HashMap<String, Record>) -> (Vec<Point>, Option<(f32, f32)>) {
+    /// schedule from AdamW's tuned point on the sweep's, whose β1 it keeps,
+    /// then its own weight-decay step. So the baseline is tuned by
+    /// learning rate and weight decay as far as every method.
+    fn reference(&self, done: &HashMap<String, Record>) -> (Vec<Point>, Option<Tuned>) {
         match self.tuned(Method::AdamW, done).1 {
-            Some(start) => self.climb(Method::AdamW, Schedule::Lockstep, start, done),
+            Some(t) => self.climbed(Method::AdamW, Schedule::Lockstep, (t.lr, t.momentum), done),
             None => (Vec::new(), None),
         }
     }
 
-    fn seeded(&self, m: Method, (lr, momentum): (f32, f32), schedule: Schedule) -> Vec<Point> {
+    fn seeded(&self, m: Method, t: Tuned, schedule: Schedule) -> Vec<Point> {
         (0..self.seeds)
             .map(|seed| Point {
                 method: m,
-                lr,
-                momentum,
+                lr: t.lr,
+                momentum: t.momentum,
+                wd: t.wd,
                 seed,
                 schedule,
             })
@@ -255,6 +336,7 @@ pub fn run(raw: &[String]) -> Result<()> {
             "eval-windows",
             "min-lr",
             "wd",
+            "wds",
             "lrs",
             "momenta",
             "grid-seeds",
@@ -330,6 +412,20 @@ pub fn run(raw: &[String]) -> Result<()> {
             &args.get("momenta", "0.9,0.95,0.99".to_string())?,
             "momenta",
         )?,
+        wds: {
+            let raw: String = args.get("wds", "0".to_string())?;
+            let wds: Vec<f32> = if raw == "none" {
+                Vec::new()
+            } else {
+                list(&raw, "wds")?
+            };
+            if let Some(wd) = wds.iter().find(|w| !(0.0..1.0).contains(*w)) {
+                bail!("--wds {raw}: {wd} is no decoupled weight decay, 0 to below 1");
+            }
+            wds.into_iter()
+                .filter(|&w| w != setting.weight_decay)
+                .collect()
+        },
         grid_seeds: args.get("grid-seeds", 1)?,
         seeds: args.get("seeds", 3)?,
         schedule: match args.get("schedule", "stale".to_string())?.as_str() {
@@ -507,6 +603,7 @@ struct Best {
     schedule: Schedule,
     lr: f32,
     momentum: f32,
+    wd: f32,
     records: Vec<Record>,
 }
 
@@ -598,8 +695,9 @@ fn publish(plan: &Plan, done: &HashMap<String, Record>) -> Result<()> {
             bests.push(Best {
                 method: m,
                 schedule: sch,
-                lr: point.0,
-                momentum: point.1,
+                lr: point.lr,
+                momentum: point.momentum,
+                wd: point.wd,
                 records: plan
                     .seeded(m, point, sch)
                     .iter()
@@ -630,7 +728,7 @@ fn publish(plan: &Plan, done: &HashMap<String, Record>) -> Result<()> {
     let mut md = String::new();
     let _ = writeln!(
         md,
-        "## Convergence{}\n\n`cargo run --release -p cohort-bench -- convergence{}` — {} ({} parameters), {} members, batch {} x {} bytes per member per step, {} steps ({} tokens), bundled KJV corpus (validation: {} fixed held-out windows). Every method is tuned over the same grid, learning rate {:?} × momentum {:?} (AdamW's β1; the momentum decay of sign-SGD and of Cohort's members), on {} seed(s){}; its tuned point is then run on {} seeds (each seed draws other initial weights and other batches).{} Schedule: {} (each gradient is computed on the weights before the previous step's update, as the P2P node pipelines). Peak learning rate with warm-up, then cosine to {}% of it; weight decay {}; Cohort: 64x64 DCT chunks, top-{} per chunk, decoder `{:?}`, adaptive β2 {}.\n",
+        "## Convergence{}\n\n`cargo run --release -p cohort-bench -- convergence{}` — {} ({} parameters), {} members, batch {} x {} bytes per member per step, {} steps ({} tokens), bundled KJV corpus (validation: {} fixed held-out windows). Every method is tuned over the same grid, learning rate {:?} × momentum {:?} (AdamW's β1; the momentum decay of sign-SGD and of Cohort's members), on {} seed(s){}; its tuned point is then run on {} seeds (each seed draws other initial weights and other batches).{} Schedule: {} (each gradient is computed on the weights before the previous step's update, as the P2P node pipelines). Peak learning rate with warm-up, then cosine to {}% of it; decoupled weight decay {} on the grid and its climbs, and each method's climbed point (the lock-step reference's too) run again at {} on the grid seeds, the lower loss kept (rows \"past the grid\"); Cohort: 64x64 DCT chunks, top-{} per chunk, decoder `{:?}`, adaptive β2 {}.\n",
         if plan.name == "convergence" {
             String::new()
         } else {
@@ -670,13 +768,17 @@ fn publish(plan: &Plan, done: &HashMap<String, Record>) -> Result<()> {
         },
         (s.min_lr as f64 * 1e5).round() / 1e3,
         s.weight_decay,
+        match plan.wds.as_slice() {
+            [] => "no other (`--wds none`)".to_string(),
+            wds => format!("{wds:?}"),
+        },
         s.topk,
         s.decode,
         s.adaptive_beta2,
     );
     let _ = write!(
         md,
-        "| method | best lr | best momentum | final val loss, mean (min–max) | ÷ AdamW on this schedule |{}{} bytes sent / member / step | compression vs fp32 | tokens/s |\n|---|---|---|---|---|{}---|---|---|\n",
+        "| method | best lr | best momentum | weight decay | final val loss, mean (min–max) | ÷ AdamW on this schedule |{}{} bytes sent / member / step | compression vs fp32 | tokens/s |\n|---|---|---|---|---|---|{}---|---|---|\n",
         if lock_base.is_some() {
             " ÷ lock-step AdamW |"
         } else {
@@ -718,10 +820,11 @@ fn publish(plan: &Plan, done: &HashMap<String, Record>) -> Result<()> {
         .0;
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {mean:.4} ({min:.4}–{max:.4}) | {:.3} |{}{} {} | {:.0}x | {tps:.0} |",
+            "| {} | {} | {} | {} | {mean:.4} ({min:.4}–{max:.4}) | {:.3} |{}{} {} | {:.0}x | {tps:.0} |",
             b.label(),
             b.lr,
             b.momentum,
+            b.wd,
             mean / base,
             lock_base.map_or(String::new(), |l| format!(" {:.3} |", mean / l)),
             horizons
@@ -737,6 +840,7 @@ fn publish(plan: &Plan, done: &HashMap<String, Record>) -> Result<()> {
         };
         f.num(&format!("{k}_lr"), b.lr as f64)
             .num(&format!("{k}_momentum"), b.momentum as f64)
+            .num(&format!("{k}_weight_decay"), b.wd as f64)
             .num(&format!("{k}_val_loss_mean"), mean)
             .num(&format!("{k}_val_loss_min"), min)
             .num(&format!("{k}_val_loss_max"), max)
@@ -790,35 +894,39 @@ fn publish(plan: &Plan, done: &HashMap<String, Record>) -> Result<()> {
     }
     let _ = write!(
         md,
-        "\nThe grid (final validation loss, mean over {} seed(s)), every method on the same points:\n\n| method | lr | momentum | final val loss |\n|---|---|---|---|\n",
+        "\nThe grid (final validation loss, mean over {} seed(s)), every method on the same points:\n\n| method | lr | momentum | weight decay | final val loss |\n|---|---|---|---|---|\n",
         plan.grid_seeds
     );
-    // A climb's runs: its learning rates off the grid (all of them for the
-    // lock-step reference), each a row.
-    let climb_rows = |md: &mut String,
-                      label: &str,
-                      (climb, tuned): (Vec<Point>, Option<(f32, f32)>),
-                      off_grid_only: bool| {
+    // A climb's and weight-decay step's runs off the grid (all of them for
+    // the lock-step reference), a row per learning rate and weight decay.
+    let tuning_rows = |md: &mut String,
+                       label: &str,
+                       (named, tuned): (Vec<Point>, Option<Tuned>),
+                       off_grid_only: bool| {
         let tuned = tuned.expect("complete");
-        let mut lrs: Vec<f32> = climb
+        let mut points: Vec<(f32, f32)> = named
             .iter()
-            .map(|p| p.lr)
-            .filter(|lr| !(off_grid_only && plan.lrs.contains(lr)))
+            .map(|p| (p.lr, p.wd))
+            .filter(|&(lr, wd)| !(off_grid_only && plan.lrs.contains(&lr) && wd == s.weight_decay))
             .collect();
-        lrs.sort_by(|a, b| a.total_cmp(b));
-        lrs.dedup();
-        for lr in lrs {
-            let v: Vec<f64> = climb
+        points.sort_by(|a, b| a.0.total_cmp(&b.0).then(b.1.total_cmp(&a.1)));
+        points.dedup();
+        for (lr, wd) in points {
+            let v: Vec<f64> = named
                 .iter()
-                .filter(|p| p.lr == lr)
+                .filter(|p| (p.lr, p.wd) == (lr, wd))
                 .map(|p| get(p).expect("complete").final_val_loss)
                 .collect();
             let mean = spread(&v).0;
-            let mark = if lr == tuned.0 { "**" } else { "" };
+            let mark = if (lr, wd) == (tuned.lr, tuned.wd) {
+                "**"
+            } else {
+                ""
+            };
             let _ = writeln!(
                 md,
-                "| {label} | {lr} | {} | {mark}{mean:.4}{mark} |",
-                tuned.1
+                "| {label} | {lr} | {} | {wd} | {mark}{mean:.4}{mark} |",
+                tuned.momentum
             );
         }
     };
@@ -832,6 +940,7 @@ fn publish(plan: &Plan, done: &HashMap<String, Record>) -> Result<()> {
                             method: m,
                             lr,
                             momentum,
+                            wd: s.weight_decay,
                             seed,
                             schedule: plan.schedule,
                         })
@@ -840,15 +949,20 @@ fn publish(plan: &Plan, done: &HashMap<String, Record>) -> Result<()> {
                     })
                     .collect();
                 let mean = spread(&v).0;
-                let mark = if (lr, momentum) == best { "**" } else { "" };
+                let mark = if (lr, momentum, s.weight_decay) == (best.lr, best.momentum, best.wd) {
+                    "**"
+                } else {
+                    ""
+                };
                 let _ = writeln!(
                     md,
-                    "| {} | {lr} | {momentum} | {mark}{mean:.4}{mark} |",
-                    m.label()
+                    "| {} | {lr} | {momentum} | {} | {mark}{mean:.4}{mark} |",
+                    m.label(),
+                    s.weight_decay
                 );
             }
         }
-        climb_rows(
+        tuning_rows(
             &mut md,
             &format!("{} (past the grid)", m.label()),
             plan.tuned(m, done),
@@ -857,7 +971,7 @@ fn publish(plan: &Plan, done: &HashMap<String, Record>) -> Result<()> {
     }
     if lock_base.is_some() {
         let label = format!("{} (lock-step reference)", Method::AdamW.label());
-        climb_rows(&mut md, &label, plan.reference(done), false);
+        tuning_rows(&mut md, &label, plan.reference(done), false);
     }
     tried(&mut md, s, plan.schedule, base, done, true);
     // The rules run on the lock-step schedule too (how much of a gap is the
@@ -1151,6 +1265,7 @@ mod tests {
             methods: vec![Method::AdamW],
             lrs: vec![0.003, 0.0003, 0.01, 0.001],
             momenta: vec![0.9, 0.99],
+            wds: Vec::new(),
             grid_seeds: 1,
             seeds: 3,
             schedule: Schedule::OneStepStale,
@@ -1168,12 +1283,23 @@ mod tests {
         s: Schedule,
         loss: f64,
     ) {
+        record_at(plan, done, (lr, m, plan.setting.weight_decay), s, loss);
+    }
+
+    fn record_at(
+        plan: &Plan,
+        done: &mut HashMap<String, Record>,
+        (lr, momentum, wd): (f32, f32, f32),
+        s: Schedule,
+        loss: f64,
+    ) {
         let key = runs::key(
             &plan.setting,
             &Point {
                 method: Method::AdamW,
                 lr,
-                momentum: m,
+                momentum,
+                wd,
                 seed: 0,
                 schedule: s,
             },
@@ -1235,7 +1361,10 @@ mod tests {
         let (named, tuned) = plan.reference(&done);
         // A step up lowered the loss, so the climb never goes down.
         assert_eq!(lrs(&named), [0.001, 0.003, 0.01, 0.033]);
-        assert_eq!(tuned, Some((0.01, 0.9)));
+        assert_eq!(
+            tuned.map(|t| (t.lr, t.momentum, t.wd)),
+            Some((0.01, 0.9, 0.1))
+        );
         let (runs, complete) = plan.runs(&done);
         assert!(complete);
         let seeds: Vec<u32> = runs
@@ -1274,13 +1403,21 @@ mod tests {
         );
         record(&plan, &mut done, 0.033, 0.9, stale, 1.45);
         record(&plan, &mut done, 0.11, 0.9, stale, 1.7);
-        assert_eq!(plan.tuned(Method::AdamW, &done).1, Some((0.033, 0.9)));
+        assert_eq!(
+            plan.tuned(Method::AdamW, &done)
+                .1
+                .map(|t| (t.lr, t.momentum)),
+            Some((0.033, 0.9))
+        );
         let fixed = Plan {
             climb: false,
             ..super::tests::plan()
         };
         assert_eq!(
-            fixed.tuned(Method::AdamW, &done).1,
+            fixed
+                .tuned(Method::AdamW, &done)
+                .1
+                .map(|t| (t.lr, t.momentum)),
             Some((0.01, 0.9)),
             "--climb no stays on the grid"
         );
@@ -1293,6 +1430,53 @@ mod tests {
                 .collect::<Vec<_>>(),
             [(0.033, Schedule::Lockstep)]
         );
+    }
+
+    #[test]
+    fn every_method_s_climbed_point_tries_the_other_weight_decays_and_its_seeds_run_at_the_lowest()
+    {
+        let plan = Plan {
+            wds: vec![0.0],
+            ..super::tests::plan()
+        };
+        let mut done = stale_grid(&plan);
+        let (stale, lock) = (Schedule::OneStepStale, Schedule::Lockstep);
+        // The grid's best, 0.001, is inside it: the climb reads the grid
+        // (0.003 is worse), then names the point at weight decay 0.
+        let (named, tuned) = plan.tuned(Method::AdamW, &done);
+        assert_eq!(tuned, None);
+        assert_eq!(
+            named.last().map(|p| (p.lr, p.momentum, p.wd, p.schedule)),
+            Some((0.001, 0.9, 0.0, stale))
+        );
+        let (runs, complete) = plan.runs(&done);
+        assert!(!complete && !runs.iter().any(|p| p.seed > 0));
+        record_at(&plan, &mut done, (0.001, 0.9, 0.0), stale, 1.45);
+        let t = plan.tuned(Method::AdamW, &done).1.unwrap();
+        assert_eq!((t.lr, t.momentum, t.wd), (0.001, 0.9, 0.0));
+        // Its seeds run at the weight decay that won.
+        let (runs, _) = plan.runs(&done);
+        let seeds: Vec<(u32, f32)> = runs
+            .iter()
+            .filter(|p| p.schedule == stale && p.lr == 0.001 && p.momentum == 0.9)
+            .map(|p| (p.seed, p.wd))
+            .collect();
+        assert_eq!(seeds, [(0, 0.1), (0, 0.0), (1, 0.0), (2, 0.0)]);
+        // The lock-step reference climbs at the grid's weight decay from
+        // the tuned learning rate, then takes its own weight-decay step:
+        // here the grid's wins, a tie going to it.
+        record(&plan, &mut done, 0.001, 0.9, lock, 1.40);
+        record(&plan, &mut done, 0.003, 0.9, lock, 1.41);
+        record(&plan, &mut done, 0.0003, 0.9, lock, 1.42);
+        let (named, tuned) = plan.reference(&done);
+        assert_eq!(tuned, None);
+        assert_eq!(
+            named.last().map(|p| (p.lr, p.wd, p.schedule)),
+            Some((0.001, 0.0, lock))
+        );
+        record_at(&plan, &mut done, (0.001, 0.9, 0.0), lock, 1.40);
+        let t = plan.reference(&done).1.unwrap();
+        assert_eq!((t.lr, t.wd), (0.001, 0.1));
     }
 
     #[test]
@@ -1324,7 +1508,7 @@ mod tests {
         assert_eq!(plan.reference(&done).1, None);
         record(&plan, &mut done, 0.00009, 0.9, lock, 1.39);
         assert_eq!(
-            plan.reference(&done).1,
+            plan.reference(&done).1.map(|t| (t.lr, t.momentum)),
             Some((0.0003, 0.9)),
             "a tie ends the climb"
         );

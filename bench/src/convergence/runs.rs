@@ -23,8 +23,8 @@ pub fn path() -> PathBuf {
 /// peak): a run at another share names it in its key (`minlr=`), so the
 /// runs logged before the setting existed keep their keys.
 pub const MIN_LR: f32 = 0.1;
-/// The decoupled weight decay every method runs with by default (in every
-/// key as `wd=`).
+/// The decoupled weight decay of the grid by default (in every key as
+/// `wd=`, the run's own).
 pub const WEIGHT_DECAY: f32 = 0.1;
 
 /// Everything a run's result depends on, as one string.
@@ -38,7 +38,7 @@ pub fn key(s: &Setting, p: &Point) -> String {
         s.k(p.method),
         s.decode,
         s.adaptive_beta2,
-        s.weight_decay,
+        p.wd,
         s.eval_windows,
         s.eval_every,
         p.method.key(),
@@ -127,6 +127,7 @@ mod tests {
             method: crate::convergence::methods::Method::AdamW,
             lr: 0.003,
             momentum: 0.9,
+            wd: 0.1,
             seed: 0,
             schedule: cohort_engine::runner::Schedule::Lockstep,
         };
