@@ -19,7 +19,9 @@ use thiserror::Error;
 /// contribution computed one step ahead takes its gradient on the weights
 /// extrapolated by the last update, and the shared state carries the
 /// weights before it.
-pub const RECIPE_VERSION: u32 = 3;
+/// 4 (2026-12-07): no weight decay (`TrainConfig::weight_decay` = 0, was
+/// 0.1), and message version 10 (a job cuts one shard per two members).
+pub const RECIPE_VERSION: u32 = 4;
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum RecipeError {
@@ -234,7 +236,7 @@ mod tests {
             },
             |t| t.lr.base *= 2.0,
             |t| t.lr.warmup += 1,
-            |t| t.weight_decay = 0.0,
+            |t| t.weight_decay = 0.1,
             |t| t.adaptive_beta2 = 0.99,
             |t| t.look_ahead = 0.5,
             |t| t.batch += 1,
