@@ -150,7 +150,7 @@ pub fn run(raw: &[String]) -> Result<()> {
             total: 1000,
             min_ratio: 0.1,
         },
-        weight_decay: 0.1,
+        weight_decay: TrainConfig::small(1).weight_decay,
         adaptive_beta2: 0.0,
         // It keeps the weights before each update, as a node does.
         look_ahead: TrainConfig::small(1).look_ahead,

@@ -156,21 +156,22 @@ fn over_members(runs: &[Run], of: fn(&Run) -> &Vec<f64>) -> (f64, f64, f64) {
 pub fn run(raw: &[String]) -> Result<()> {
     let a = Args::parse(raw, FLAGS)?;
     let members: usize = a.get("members", 8)?;
-    let s = Settings {
+    let mut s = Settings {
         members,
         steps: a.get("steps", 6)?,
         // A model whose payload (28 kB) outweighs the gossip a step carries;
         // one sequence a member, so 8 processes share 2 cores tolerably.
         arch: a.get("arch", "gpt l4 d512 h8 s64".to_string())?,
         batch: a.get("batch", 1)?,
-        shards: a.get("shards", members)?,
+        // 0: the node's rule for this many members (`exchange::shard_count`).
+        shards: a.get("shards", 0)?,
         redundancy: a.get("redundancy", 2)?,
         mbit: a.get("mbit", 100.0)?,
         rtt_ms: a.get("rtt-ms", 20)?,
     };
     let repeats: usize = a.get("repeats", 3)?;
-    if s.members < 2 || s.steps < 2 || repeats == 0 || s.shards == 0 {
-        bail!("need --members ≥ 2, --steps ≥ 2, --shards ≥ 1 and --repeats ≥ 1");
+    if s.members < 2 || s.steps < 2 || repeats == 0 {
+        bail!("need --members ≥ 2, --steps ≥ 2 and --repeats ≥ 1");
     }
     if s.redundancy == 0 || s.redundancy > s.members {
         bail!("--redundancy must be 1 to --members");
@@ -179,6 +180,10 @@ pub fn run(raw: &[String]) -> Result<()> {
     let shapes: Vec<Vec<usize>> = model.shapes().into_iter().map(|(_, v)| v).collect();
     // The members' rule: the job recipe's (what `cohort-bench peer` trains).
     let layout = Layout::new(&shapes, &TrainConfig::small(s.steps).compress);
+    if s.shards == 0 {
+        s.shards = cohort_engine::net::exchange::shard_count(s.members, &layout)
+            .context("no shard count cuts this model into slices that fit")?;
+    }
     // A signed contribution: header, payload, signature.
     let payload = (wire::HEADER_LEN + wire::payload_len(&layout) + 64) as f64;
     let positions: usize = shard::split(&layout, s.shards)?

@@ -743,7 +743,8 @@ fn a_lying_leader_gets_no_honest_member_accused_no_honest_node_failed_and_is_con
 }
 
 /// Eight processes on shaped links train through the sharded exchange
-/// (8 shards, 2 aggregators each): nobody downloads another member's
+/// (4 shards, 2 aggregators each, so every member holds one seat a step:
+/// the plan's one shard per two members, `exchange::shard_count`): nobody downloads another member's
 /// payload, every honest node ends on the same weights, and an aggregator
 /// that signs and serves a sum one vote off is caught by the nodes that
 /// fetch its shard (its co-seat signed another hash), which recompute the
@@ -790,7 +791,7 @@ fn eight_processes_train_through_the_sharded_exchange_a_lying_aggregator_and_a_m
     let mut peers: Vec<Peer> = (0..n)
         .map(|i| {
             let mut c = peer_cmd("sharded", i, n, steps, &ports);
-            c.args(["--shards", "8", "--redundancy", "2"]);
+            c.args(["--shards", "4", "--redundancy", "2"]);
             c.args(["--rate-mbit", "50", "--rtt-ms", "20"]);
             c.args(["--witnesses", &witnesses, "--quorum", "2"]);
             c.args(["--audit-rate", "0"]);

@@ -115,9 +115,12 @@ impl Plan {
     /// shard) instead of two. Half the shards halves what scales with
     /// them: the seats' signed sum hashes every member receives and the
     /// per-slice overheads of every push. A seat sums twice the positions
-    /// from the same members, and a spot check's bytes and a liar's odds
-    /// of being caught do not change ([`checks`]). Measured against one
-    /// shard a member in `cohort-bench simulate` (`--members-per-shard`,
+    /// from the same members; a spot check moves twice the bytes half as
+    /// often, so a node's check bytes a step and a liar's odds of being
+    /// caught do not change ([`checks`]). Where a shard would exceed one
+    /// slice [`shard_count`] cuts more (286 for a 1.21 B model, so up to
+    /// 572 members nothing changes there). Measured against one shard a
+    /// member in `cohort-bench simulate` (`--members-per-shard`,
     /// `docs/p2p.md`).
     pub const MEMBERS_PER_SHARD: usize = 2;
 }
@@ -211,8 +214,8 @@ pub fn seating(
 /// its fraction drawn), and each shard as a backup with probability
 /// `backups / members`. With one shard per member a node spot-checks
 /// `spots` shards every step; with fewer, larger shards it checks one less
-/// often, so a check's bytes and a liar's odds of being caught stay the
-/// same whatever the shard count.
+/// often, so a node's check bytes a step and a liar's odds of being caught
+/// stay the same whatever the shard count.
 pub fn checks(
     shards: usize,
     spots: usize,

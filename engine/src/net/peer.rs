@@ -267,6 +267,7 @@ pub(crate) fn parse(args: &[String]) -> Result<(NodeConfig, BackendChoice), Stri
         let top_k = TrainConfig::top_k(steps.max(1));
         train.compress = top_k.compress;
         train.lr = top_k.lr;
+        train.weight_decay = top_k.weight_decay;
     }
     if let Some(k) = topk {
         if !(1..=4096).contains(&k) {

@@ -26,7 +26,8 @@ pub struct ShardedConfig {
     pub base: SimConfig,
     /// Aggregators per shard.
     pub redundancy: usize,
-    /// Shards per step; 0 means one per member.
+    /// Shards per step; 0 means one per member (a what-if: the node cuts
+    /// [`exchange::shard_count`], which `cohort-bench simulate` passes).
     pub shards: usize,
     /// Nodes, on average, that recompute each shard from its slices every
     /// step ([`exchange::checks`]).

@@ -483,6 +483,30 @@ fn a_lying_aggregator_is_convicted_and_every_node_applies_the_true_sums() {
 }
 
 #[test]
+fn at_the_plan_s_one_shard_per_two_members_a_liar_is_convicted_and_a_silent_seat_only_delays() {
+    for n in [10u32, 11] {
+        let shards = (n as usize).div_ceil(super::Plan::MEMBERS_PER_SHARD);
+        let mut w = World::new(n, shards, 2, none, none);
+        // Every member holds a seat (one, or two for one member when the
+        // count is odd).
+        let held: BTreeSet<u32> = w.seats.iter().flatten().copied().collect();
+        assert_eq!(held.len(), n as usize);
+        w.liars.insert(3);
+        w.step();
+        assert!(w.everyone_applied_once(), "{n}: {:?}", w.applied);
+        let convicts: BTreeSet<u32> = w.convicted.iter().map(|c| c.1).collect();
+        assert_eq!(convicts, BTreeSet::from([3]), "{n}");
+        assert!(w.rewound.is_empty());
+
+        let mut w = World::new(n, shards, 2, none, none);
+        w.silent.insert(2);
+        w.step();
+        assert!(w.everyone_applied_once(), "{n}: {:?}", w.applied);
+        assert!(w.convicted.is_empty() && w.rewound.is_empty());
+    }
+}
+
+#[test]
 fn a_silent_aggregator_delays_its_shards_but_does_not_stall_the_step() {
     let mut w = World::new(8, 8, 2, none, none);
     w.silent.insert(2);
