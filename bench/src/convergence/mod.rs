@@ -96,6 +96,36 @@ impl Plan {
         out
     }
 
+    /// One point's runs on the grid seeds, and their mean final loss once
+    /// they are all in: what the grid, the climb and the weight-decay step
+    /// each compare.
+    fn on_grid_seeds(
+        &self,
+        m: Method,
+        schedule: Schedule,
+        (lr, momentum, wd): (f32, f32, f32),
+        done: &HashMap<String, Record>,
+    ) -> (Vec<Point>, Option<f64>) {
+        let points: Vec<Point> = (0..self.grid_seeds)
+            .map(|seed| Point {
+                method: m,
+                lr,
+                momentum,
+                wd,
+                seed,
+                schedule,
+            })
+            .collect();
+        let sum: Option<f64> = points
+            .iter()
+            .map(|p| {
+                done.get(&runs::key(&self.setting, p))
+                    .map(|r| r.final_val_loss)
+            })
+            .sum();
+        (points, sum.map(|s| s / self.grid_seeds as f64))
+    }
+
     /// The grid point with the lowest mean final loss over the grid seeds,
     /// once every run of the grid is in.
     fn best(&self, m: Method, done: &HashMap<String, Record>) -> Option<(f32, f32)> {
@@ -105,19 +135,8 @@ impl Plan {
         let mut best: Option<((f32, f32), f64)> = None;
         for &lr in &self.lrs {
             for &momentum in &self.momenta {
-                let mut sum = 0.0;
-                for seed in 0..self.grid_seeds {
-                    let p = Point {
-                        method: m,
-                        lr,
-                        momentum,
-                        wd: self.setting.weight_decay,
-                        seed,
-                        schedule: self.schedule,
-                    };
-                    sum += done.get(&runs::key(&self.setting, &p))?.final_val_loss;
-                }
-                let mean = sum / self.grid_seeds as f64;
+                let at = (lr, momentum, self.setting.weight_decay);
+                let mean = self.on_grid_seeds(m, self.schedule, at, done).1?;
                 if best.is_none_or(|(_, b)| mean < b) {
                     best = Some(((lr, momentum), mean));
                 }
@@ -149,22 +168,10 @@ impl Plan {
             .expect("the climb starts on the grid");
         // The mean over the grid seeds at `lrs[i]`, naming its runs.
         let loss = |i: usize, named: &mut Vec<Point>| -> Option<f64> {
-            let points: Vec<Point> = (0..self.grid_seeds)
-                .map(|seed| Point {
-                    method: m,
-                    lr: lrs[i],
-                    momentum,
-                    wd: self.setting.weight_decay,
-                    seed,
-                    schedule,
-                })
-                .collect();
-            named.extend(points.iter().copied());
-            let mut sum = 0.0;
-            for p in &points {
-                sum += done.get(&runs::key(&self.setting, p))?.final_val_loss;
-            }
-            Some(sum / self.grid_seeds as f64)
+            let at = (lrs[i], momentum, self.setting.weight_decay);
+            let (points, mean) = self.on_grid_seeds(m, schedule, at, done);
+            named.extend(points);
+            mean
         };
         let Some(at_start) = loss(start, &mut named) else {
             return (named, None);
@@ -204,28 +211,15 @@ impl Plan {
         let mut best: Option<(f32, f64)> = None;
         let mut complete = true;
         for wd in std::iter::once(self.setting.weight_decay).chain(self.wds.iter().copied()) {
-            let mut sum = 0.0;
-            for seed in 0..self.grid_seeds {
-                let p = Point {
-                    method: m,
-                    lr,
-                    momentum,
-                    wd,
-                    seed,
-                    schedule,
-                };
-                // The grid's weight decay is the climb's end, named there.
-                if wd != self.setting.weight_decay {
-                    named.push(p);
-                }
-                match done.get(&runs::key(&self.setting, &p)) {
-                    Some(r) => sum += r.final_val_loss,
-                    None => complete = false,
-                }
+            let (points, mean) = self.on_grid_seeds(m, schedule, (lr, momentum, wd), done);
+            // The grid's weight decay is the climb's end, named there.
+            if wd != self.setting.weight_decay {
+                named.extend(points);
             }
-            let mean = sum / self.grid_seeds as f64;
-            if best.is_none_or(|(_, b)| mean < b) {
-                best = Some((wd, mean));
+            match mean {
+                Some(mean) if best.is_none_or(|(_, b)| mean < b) => best = Some((wd, mean)),
+                Some(_) => {}
+                None => complete = false,
             }
         }
         let tuned = best
