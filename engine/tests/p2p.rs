@@ -864,6 +864,12 @@ fn eight_processes_train_through_the_sharded_exchange_a_lying_aggregator_and_a_m
         unvoted > 0,
         "no seat took the forger's votes away: {done:#?}"
     );
+    // Every honest member's announcements stood in for some of its
+    // heartbeats (`liveness::beat_due`), and the job still agreed.
+    for &i in &honest {
+        let skipped: u64 = field(&done[i], "beats_skipped").unwrap().parse().unwrap();
+        assert!(skipped > 0, "member {i} sent every beat: {}", done[i]);
+    }
     let (mut audits, mut broken_chain) = (0, false);
     for &i in &honest {
         for l in peers[i].lines() {
@@ -1632,6 +1638,8 @@ fn messages_for_another_job_an_earlier_epoch_or_a_far_future_step_are_dropped_an
                     basis: [0; 32],
                     len: 1 << 20,
                     produced_us: 0,
+                    chain_step: 0,
+                    chain: [0; 32],
                 };
                 return msg::sign(&Body::Announce(a), &key);
             }

@@ -306,6 +306,9 @@ pub struct NodeStats {
     pub unvoted: u64,
     /// How this node reached each member it connected to, at best.
     pub routes: BTreeMap<u32, Route>,
+    /// Ticks of the beat timer that sent no heartbeat: this node's own
+    /// announcement had shown it alive lately (`liveness::beat_due`).
+    pub beats_skipped: u64,
 }
 
 /// How a node reached a peer, from worst to best: through a relay only, by

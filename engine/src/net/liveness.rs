@@ -10,6 +10,13 @@
 //! sends at most [`JOB_BEATS_PER_SEC`]: each member every 0.5 s up to 50
 //! members, then less often, and silence means "gone" after the same
 //! number of missed beats at any size.
+//!
+//! A member that announces a contribution every step is heard by every
+//! member each step anyway, and its announcement carries its history as a
+//! heartbeat does: so it skips the beats that fall soon after its own
+//! announcement ([`beat_due`]). At 1,000 members, where a member beats
+//! every 10 s and a step takes about 12 s, that leaves about one beat in
+//! five; a member that stops announcing beats again.
 
 use std::time::Duration;
 
@@ -33,6 +40,32 @@ pub fn alive_window(members: u32, floor: Duration) -> Duration {
     floor.max(beat_interval(members) * BEATS_TO_GONE)
 }
 
+/// How long after its own announcement a member skips its beats: the
+/// next beat then still goes out within half of [`alive_window`] (one
+/// interval later at most), as a member that does not announce leaves at
+/// most a quarter of it between beats.
+pub fn quiet_after_announce(members: u32, floor: Duration) -> Duration {
+    (alive_window(members, floor) / 2).saturating_sub(beat_interval(members))
+}
+
+/// Whether a member's heartbeat is due at a tick of its beat timer,
+/// `since_announce` after its last announcement (None: none yet): not
+/// while that announcement, which shows it alive and its history, is
+/// younger than [`quiet_after_announce`].
+pub fn beat_due(members: u32, floor: Duration, since_announce: Option<Duration>) -> bool {
+    since_announce.is_none_or(|s| s >= quiet_after_announce(members, floor))
+}
+
+/// Beats a member sends a second while it announces every `step_secs`:
+/// of its timer's ticks (at a phase of its own), those within
+/// [`quiet_after_announce`] of an announcement are skipped.
+pub fn beats_per_sec_announcing(members: u32, floor: Duration, step_secs: f64) -> f64 {
+    let interval = beat_interval(members).as_secs_f64();
+    let quiet = quiet_after_announce(members, floor).as_secs_f64();
+    let step = step_secs.max(1e-3);
+    (step - quiet).max(0.0) / (interval * step)
+}
+
 /// Gossipsub's mesh degree (`swarm::gossip_config`).
 pub const MESH_N: usize = 6;
 /// Copies of each gossip message a member receives, and sends, about: one
@@ -52,8 +85,11 @@ pub const ENVELOPE: f64 = 101.0;
 /// A heartbeat's body: job, epoch, member, seq, ready_from, applied,
 /// auditing, chain_step, chain.
 pub const HEARTBEAT_BODY: f64 = 32.0 + 4.0 + 4.0 + 8.0 + 4.0 + 4.0 + 4.0 + 4.0 + 32.0;
-/// An announcement's body.
-pub const ANNOUNCE_BODY: f64 = 32.0 + 4.0 + 4.0 + 4.0 + 32.0 + 32.0 + 4.0 + 8.0;
+/// An announcement's body: job, epoch, step, member, payload hash,
+/// momentum hash, basis, len, produced_us, chain_step, chain. (Before
+/// message version 11 it had no history, and this model left the basis
+/// out: 120 bytes were charged for 152.)
+pub const ANNOUNCE_BODY: f64 = 32.0 + 4.0 + 4.0 + 4.0 + 32.0 + 32.0 + 32.0 + 4.0 + 8.0 + 4.0 + 32.0;
 /// A manifest's body with `members` entries.
 pub fn manifest_body(members: u32) -> f64 {
     32.0 + 4.0 + 4.0 + 1.0 + 4.0 + 32.0 + 32.0 + 2.0 + 36.0 * members as f64
@@ -74,6 +110,15 @@ fn copies(members: u32) -> f64 {
 /// about [`MESH_COPIES`] times.
 pub fn heartbeat_bytes_per_sec(members: u32) -> f64 {
     copies(members) * members as f64 / beat_interval(members).as_secs_f64() * wire(HEARTBEAT_BODY)
+}
+
+/// The same while every member announces every `step_secs` and skips the
+/// beats its announcements stand in for ([`beats_per_sec_announcing`]).
+pub fn heartbeat_bytes_per_sec_announcing(members: u32, floor: Duration, step_secs: f64) -> f64 {
+    copies(members)
+        * members as f64
+        * beats_per_sec_announcing(members, floor, step_secs)
+        * wire(HEARTBEAT_BODY)
 }
 
 /// What one step's gossip costs each member, per direction, in bytes:
@@ -113,6 +158,35 @@ mod tests {
         let floor = Duration::from_secs(2);
         assert_eq!(alive_window(8, floor), floor);
         assert_eq!(alive_window(1000, floor), Duration::from_secs(40));
+    }
+
+    #[test]
+    fn a_member_that_announced_lately_skips_its_beat_and_is_still_heard_within_half_its_window() {
+        let floor = Duration::from_secs(2);
+        for n in [2u32, 8, 48, 50, 51, 200, 1000, 5000] {
+            let quiet = quiet_after_announce(n, floor);
+            let interval = beat_interval(n);
+            assert!(beat_due(n, floor, None), "{n}: no announcement yet");
+            assert!(beat_due(n, floor, Some(quiet)), "{n}");
+            if !quiet.is_zero() {
+                assert!(!beat_due(n, floor, Some(quiet - Duration::from_millis(1))));
+            }
+            // The longest silence: a tick just inside the quiet time is
+            // skipped, the next one beats.
+            assert!(quiet + interval <= alive_window(n, floor) / 2, "{n}");
+        }
+        assert_eq!(quiet_after_announce(1000, floor), Duration::from_secs(10));
+        assert_eq!(quiet_after_announce(8, floor), Duration::from_millis(500));
+        // At 1,000 members and 12.4 s steps about one tick in five beats.
+        let full = 1.0 / beat_interval(1000).as_secs_f64();
+        let skipping = beats_per_sec_announcing(1000, floor, 12.4);
+        assert!((skipping / full - 2.4 / 12.4).abs() < 1e-9, "{skipping}");
+        // Steps shorter than the quiet time: no beat at all.
+        assert_eq!(beats_per_sec_announcing(1000, floor, 9.0), 0.0);
+        assert!(
+            heartbeat_bytes_per_sec_announcing(1000, floor, 12.4)
+                < heartbeat_bytes_per_sec(1000) / 4.0
+        );
     }
 
     #[test]

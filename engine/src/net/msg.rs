@@ -8,7 +8,8 @@
 //! envelope  := magic "CHN" | version u8 | kind u8 | body | signer [32] | sig [64]
 //!              sig = ed25519(signer, "cohort-net-v1" | everything before signer)
 //! announce  := job [32] | epoch u32 | step u32 | member u32 | payload_hash [32]
-//!              | momentum_hash [32] | len u32 | produced_us u64
+//!              | momentum_hash [32] | basis [32] | len u32 | produced_us u64
+//!              | chain_step u32 | chain [32]
 //! manifest  := job [32] | epoch u32 | step u32 | attempt u8 | leader u32
 //!              | state_hash [32] | parent [32] | count u16
 //!              | count × (member u32 | hash [32])
@@ -53,7 +54,11 @@ use libp2p::identity::ed25519;
 /// 10 (2026-12-07): a job of n members cuts ⌈n/2⌉ shards, not n
 /// (`exchange::Plan::MEMBERS_PER_SHARD`), so a version-9 node seats a
 /// step's aggregators on other shards than a version-10 one.
-pub const VERSION: u8 = 10;
+/// 11 (2026-12-07): an announcement carries its member's history id, as
+/// a heartbeat does (`Announce::chain_step`, `Announce::chain`), and a
+/// member that announced lately skips its heartbeat
+/// (`liveness::beat_due`).
+pub const VERSION: u8 = 11;
 const MAGIC: &[u8; 3] = b"CHN";
 const DOMAIN: &[u8] = b"cohort-net-v1";
 /// Largest gossip message a node accepts: a manifest lists 36 bytes per
@@ -80,6 +85,12 @@ pub struct Announce {
     /// Sender's wall clock when the contribution was ready (µs since Unix
     /// epoch); only used to split step time into waiting and communication.
     pub produced_us: u64,
+    /// The member's history when it announced, as its heartbeat would say
+    /// it ([`Heartbeat::chain_step`], [`Heartbeat::chain`]): a member that
+    /// announces every step skips its heartbeats, and its peers still see
+    /// which history it is on.
+    pub chain_step: u32,
+    pub chain: [u8; 32],
 }
 
 /// The step leader's list of what every node applies for one step.
@@ -338,6 +349,8 @@ fn body_bytes(body: &Body, out: &mut Vec<u8>) {
             out.extend_from_slice(&a.basis);
             out.extend_from_slice(&a.len.to_le_bytes());
             out.extend_from_slice(&a.produced_us.to_le_bytes());
+            out.extend_from_slice(&a.chain_step.to_le_bytes());
+            out.extend_from_slice(&a.chain);
         }
         Body::Manifest(m) => manifest_bytes(m, out),
         Body::Heartbeat(h) => {
@@ -472,6 +485,8 @@ fn parse_body(r: &mut Reader) -> Result<Body, cohort_program::codec::CodecError>
             basis: r.array()?,
             len: r.u32()?,
             produced_us: r.u64()?,
+            chain_step: r.u32()?,
+            chain: r.array()?,
         }),
         2 => {
             let job = r.array()?;
@@ -1093,6 +1108,8 @@ mod tests {
                 basis: [5; 32],
                 len: 600,
                 produced_us: 12,
+                chain_step: 3,
+                chain: [4; 32],
             }),
             Body::Accuse(Accuse {
                 job: [7; 32],

@@ -514,7 +514,7 @@ pub fn main(args: &[String]) -> i32 {
                 .map(|d| format!(r#""{}":{}"#, d.name(), stats.dropped(*d)))
                 .collect();
             line(format!(
-                r#"{{"event":"done","applied":{},"hash":"{}","accepted":{},"equivocations":{},"late":{},"timed_out":{},"lowest_peer_score":{:.1},"peak_rss_kib":{},"rewinds":{},"bytes_in":{},"bytes_out":{},"audits":{},"audits_failed":{},"audit_secs":{:.4},"compute_secs":{:.4},"wire_out":{},"wire_in":{},"false_sums":{},"unvoted":{},"slashed":{:?},"routes":{{{}}},"dropped":{{{}}}}}"#,
+                r#"{{"event":"done","applied":{},"hash":"{}","accepted":{},"equivocations":{},"late":{},"timed_out":{},"lowest_peer_score":{:.1},"peak_rss_kib":{},"rewinds":{},"bytes_in":{},"bytes_out":{},"audits":{},"audits_failed":{},"audit_secs":{:.4},"compute_secs":{:.4},"wire_out":{},"wire_in":{},"false_sums":{},"unvoted":{},"beats_skipped":{},"slashed":{:?},"routes":{{{}}},"dropped":{{{}}}}}"#,
                 stats.applied,
                 hex(&stats.model_hash),
                 stats.accepted,
@@ -534,6 +534,7 @@ pub fn main(args: &[String]) -> i32 {
                 crate::net::shaper::WIRE_RECEIVED.load(std::sync::atomic::Ordering::Relaxed),
                 stats.false_sums,
                 stats.unvoted,
+                stats.beats_skipped,
                 stats.slashed.iter().collect::<Vec<_>>(),
                 stats
                     .routes

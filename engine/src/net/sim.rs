@@ -416,6 +416,8 @@ pub fn simulate(cfg: &SimConfig, free_network: bool) -> SimResult {
         basis: [step.saturating_sub(1) as u8; 32],
         len: cfg.payload_bytes as u32,
         produced_us: 0,
+        chain_step: 0,
+        chain: [0; 32],
     };
     let mut now = 0.0f64;
     let mut counted = vec![false; n as usize];

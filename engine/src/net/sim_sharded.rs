@@ -85,8 +85,9 @@ pub enum GossipCost {
     /// ([`super::liveness`]); the sum hashes go by request.
     #[default]
     Shipped,
-    /// As the node did before message version 9: every seat's sum hash
-    /// gossiped too (and none sent by request nor carried by a sum).
+    /// The node's gossip with every seat's sum hash gossiped too, as
+    /// before message version 9 (and none sent by request nor carried by
+    /// a sum).
     HashesGossiped,
     /// No gossip bytes at all (the sum hashes still go by request).
     Free,
@@ -554,6 +555,8 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
         basis: [step.saturating_sub(1) as u8; 32],
         len: base.payload_bytes as u32,
         produced_us: 0,
+        chain_step: 0,
+        chain: [0; 32],
     };
     // Listed members per step, as the manifest a node applies says (the
     // same everywhere in an honest run).
@@ -1227,10 +1230,22 @@ pub fn simulate_sharded(cfg: &ShardedConfig, free_network: bool) -> ShardedResul
         }
     }
     // The job's gossip took its share of every link all along: counted in
-    // the traffic as well.
+    // the traffic as well. The links lost every heartbeat (the rate with
+    // none skipped, above: the steps' length is not known beforehand),
+    // but a member that announces every step skips most of its beats
+    // (`liveness::beat_due`): the bytes counted are those of the beats due
+    // at its own pace.
     if !free_network {
         for x in &mut nodes {
-            let beats = heartbeats * x.done_at.unwrap_or(now);
+            let secs = x.done_at.unwrap_or(now);
+            let beats = match cfg.gossip {
+                GossipCost::Free => 0.0,
+                _ => super::liveness::heartbeat_bytes_per_sec_announcing(
+                    n,
+                    base.timing.alive,
+                    secs / base.steps.max(1) as f64,
+                ),
+            } * secs;
             x.up_bytes += beats;
             x.down_bytes += beats;
             x.gossip_bytes += beats;

@@ -1462,6 +1462,8 @@ mod tests {
             basis: [step.saturating_sub(1) as u8; 32],
             len: 10,
             produced_us: 0,
+            chain_step: 0,
+            chain: [0; 32],
         }
     }
 

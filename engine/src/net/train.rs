@@ -613,6 +613,9 @@ pub(crate) fn train_loop(
                     basis: c.basis,
                     len: bytes.len() as u32,
                     produced_us: now_us(),
+                    // The node fills in its history as it publishes.
+                    chain_step: 0,
+                    chain: [0; 32],
                 };
                 send(FromTrainer::Contribution {
                     announce,

@@ -114,6 +114,8 @@ impl Net {
                 Verdict::Accepted => {
                     self.stats.accepted += 1;
                     self.sharded_announce(&a);
+                    // It stands in for its member's heartbeat.
+                    self.on_peer_history(now, a.member, a.chain_step, a.chain);
                 }
                 Verdict::Duplicate => {
                     self.stats.drop(Drop::Replayed);
@@ -138,15 +140,9 @@ impl Net {
             Body::Heartbeat(h) => {
                 self.stats.accepted += 1;
                 self.machine.on_alive(now, h.member);
+                self.on_peer_history(now, h.member, h.chain_step, h.chain);
                 // Done, and auditing nobody: a witness that still audits
                 // may yet ask this node for a momentum.
-                self.machine
-                    .on_peer_history(now, h.member, h.chain_step, h.chain);
-                if !self.syncing
-                    && let Some((step, from)) = self.machine.majority_elsewhere(now)
-                {
-                    self.join_majority(step, from);
-                }
                 // Done on the same history: a peer done on another one is
                 // waited for until one of the two has rewound.
                 if h.applied >= self.cfg.steps
@@ -189,6 +185,17 @@ impl Net {
             Body::Withheld(w) => return self.on_withheld_gossip(w),
         }
         MessageAcceptance::Accept
+    }
+
+    /// A member's history, as its heartbeat or announcement says it: a
+    /// fork is asked about, and a majority elsewhere joined.
+    fn on_peer_history(&mut self, now: Duration, member: u32, step: u32, chain: [u8; 32]) {
+        self.machine.on_peer_history(now, member, step, chain);
+        if !self.syncing
+            && let Some((step, from)) = self.machine.majority_elsewhere(now)
+        {
+            self.join_majority(step, from);
+        }
     }
 
     /// A signed manifest: applied, ranked or dropped by the step machine;

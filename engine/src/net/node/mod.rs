@@ -190,6 +190,8 @@ struct Net {
     unanswered: std::collections::VecDeque<request_response::ResponseChannel<Response>>,
     heartbeat_seq: BTreeMap<[u8; 32], u64>,
     seq: u64,
+    /// When this node last gossiped its own announcement.
+    announced_at: Option<Instant>,
     applied: u32,
     next_contribution: u32,
     syncing: bool,
@@ -431,6 +433,18 @@ impl Net {
         }
     }
 
+    /// A tick of the beat timer: a heartbeat, unless this node announced
+    /// lately (its announcement stood in for it).
+    fn beat(&mut self) {
+        let since = self.announced_at.map(|t| t.elapsed());
+        let n = self.cfg.members.len() as u32;
+        if liveness::beat_due(n, self.cfg.timing.alive, since) {
+            self.heartbeat();
+        } else {
+            self.stats.beats_skipped += 1;
+        }
+    }
+
     fn heartbeat(&mut self) {
         self.note_scores();
         self.seq = self.seq.max(now_us());
@@ -622,6 +636,7 @@ impl Net {
             unanswered: std::collections::VecDeque::new(),
             own_payloads: BTreeMap::new(),
             heartbeat_seq: BTreeMap::new(),
+            announced_at: None,
             seq: 0,
             applied: 0,
             next_contribution: 0,
@@ -837,8 +852,7 @@ impl Net {
                 self.payloads.insert(announce.payload_hash, bytes);
                 let now = self.now();
                 self.machine.on_local(now, &announce);
-                let shown = self.shown(announce);
-                self.publish(msg::sign(&Body::Announce(shown), &self.key));
+                self.publish_announce(announce);
                 self.drive();
             }
             // Sent before the trainer saw the latest rewind: its state is
@@ -1054,11 +1068,16 @@ impl Net {
     /// and applies the very manifest it publishes. (Adding its entry to the
     /// manifest after its machine took the manifest made it apply another
     /// one than the network did, and stall.)
-    pub(super) fn shown(&self, mut announce: msg::Announce) -> msg::Announce {
+    /// Signs and gossips this node's announcement, with its history (as
+    /// its heartbeat would carry it), and notes when: the beats soon after
+    /// it are skipped (`liveness::beat_due`).
+    pub(super) fn publish_announce(&mut self, mut announce: msg::Announce) {
         if self.cfg.defence.adversary == Some(Mode::ForeignBasis) {
             announce.basis = crate::adversary::FOREIGN_BASIS;
         }
-        announce
+        (announce.chain_step, announce.chain) = self.machine.history().unwrap_or((0, [0; 32]));
+        self.publish(msg::sign(&Body::Announce(announce), &self.key));
+        self.announced_at = Some(Instant::now());
     }
 
     /// A finished node leaves once every peer is done too, or after
@@ -1265,7 +1284,7 @@ pub async fn run_with_control(
             },
             _ = beat.tick() => {
                 net.finish_cosigns();
-                net.heartbeat();
+                net.beat();
                 beats += 1;
                 if beats.is_multiple_of(4) {
                     on_event(&NodeEvent::Links(net.peer_links()));

@@ -881,8 +881,7 @@ impl Net {
                 };
                 net.machine.on_local(now, &announce);
                 let _ = net.machine.on_payload(now, announce.payload_hash);
-                let shown = net.shown(announce);
-                net.publish(msg::sign(&Body::Announce(shown), &net.key));
+                net.publish_announce(announce);
                 true
             }
             XAction::FetchSlice {
