@@ -864,12 +864,6 @@ fn eight_processes_train_through_the_sharded_exchange_a_lying_aggregator_and_a_m
         unvoted > 0,
         "no seat took the forger's votes away: {done:#?}"
     );
-    // Every honest member's announcements stood in for some of its
-    // heartbeats (`liveness::beat_due`), and the job still agreed.
-    for &i in &honest {
-        let skipped: u64 = field(&done[i], "beats_skipped").unwrap().parse().unwrap();
-        assert!(skipped > 0, "member {i} sent every beat: {}", done[i]);
-    }
     let (mut audits, mut broken_chain) = (0, false);
     for &i in &honest {
         for l in peers[i].lines() {

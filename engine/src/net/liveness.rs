@@ -14,9 +14,10 @@
 //! A member that announces a contribution every step is heard by every
 //! member each step anyway, and its announcement carries its history as a
 //! heartbeat does: so it skips the beats that fall soon after its own
-//! announcement ([`beat_due`]). At 1,000 members, where a member beats
-//! every 10 s and a step takes about 12 s, that leaves about one beat in
-//! five; a member that stops announcing beats again.
+//! announcement ([`beat_due`]), in a job large enough that its beats are
+//! capped. At 1,000 members, where a member beats every 10 s and a step
+//! takes about 12 s, that leaves about one beat in five; a member that
+//! stops announcing beats again.
 
 use std::time::Duration;
 
@@ -43,9 +44,18 @@ pub fn alive_window(members: u32, floor: Duration) -> Duration {
 /// How long after its own announcement a member skips its beats: the
 /// next beat then still goes out within half of [`alive_window`] (one
 /// interval later at most), as a member that does not announce leaves at
-/// most a quarter of it between beats.
+/// most a quarter of it between beats. None in a job whose members beat
+/// at [`FASTEST_BEAT`] (50 members or fewer): there a step holds many
+/// beats, so an announcement would stand in for few of them, and the
+/// beats keep what only they carry (audits still open, the first step a
+/// rejoiner contributes to, the updates applied) fresh to the half
+/// second.
 pub fn quiet_after_announce(members: u32, floor: Duration) -> Duration {
-    (alive_window(members, floor) / 2).saturating_sub(beat_interval(members))
+    let interval = beat_interval(members);
+    if interval <= FASTEST_BEAT {
+        return Duration::ZERO;
+    }
+    (alive_window(members, floor) / 2).saturating_sub(interval)
 }
 
 /// Whether a member's heartbeat is due at a tick of its beat timer,
@@ -176,7 +186,14 @@ mod tests {
             assert!(quiet + interval <= alive_window(n, floor) / 2, "{n}");
         }
         assert_eq!(quiet_after_announce(1000, floor), Duration::from_secs(10));
-        assert_eq!(quiet_after_announce(8, floor), Duration::from_millis(500));
+        // Up to 50 members every beat goes out, announced or not.
+        assert_eq!(quiet_after_announce(50, floor), Duration::ZERO);
+        assert!(beat_due(8, floor, Some(Duration::ZERO)));
+        assert_eq!(
+            heartbeat_bytes_per_sec_announcing(48, floor, 10.0),
+            heartbeat_bytes_per_sec(48)
+        );
+        assert!(quiet_after_announce(51, floor) > Duration::ZERO);
         // At 1,000 members and 12.4 s steps about one tick in five beats.
         let full = 1.0 / beat_interval(1000).as_secs_f64();
         let skipping = beats_per_sec_announcing(1000, floor, 12.4);

@@ -114,8 +114,10 @@ impl Net {
                 Verdict::Accepted => {
                     self.stats.accepted += 1;
                     self.sharded_announce(&a);
-                    // It stands in for its member's heartbeat.
+                    // It stands in for its member's heartbeat: the member
+                    // is on this history, and still training.
                     self.on_peer_history(now, a.member, a.chain_step, a.chain);
+                    self.peers_done.remove(&a.member);
                 }
                 Verdict::Duplicate => {
                     self.stats.drop(Drop::Replayed);
