@@ -13,7 +13,8 @@
 //! manifest  := job [32] | epoch u32 | step u32 | attempt u8 | leader u32
 //!              | state_hash [32] | parent [32] | count u16
 //!              | count × (member u32 | hash [32])
-//! heartbeat := job [32] | member u32 | seq u64 | ready_from u32 | applied u32
+//! heartbeat := job [32] | epoch u32 | member u32 | seq u64 | ready_from u32
+//!              | applied u32 | auditing u32 | chain_step u32 | chain [32]
 //! accuse    := job [32] | epoch u32 | step u32 | accused u32 | witness u32
 //!              | evidence [32] | overlap u16 | agreement u16   (basis points)
 //!              | ground u8 (0 screened, 1 drawn, 2 equivocation, 3 forged entry,

@@ -190,8 +190,8 @@ struct Net {
     unanswered: std::collections::VecDeque<request_response::ResponseChannel<Response>>,
     heartbeat_seq: BTreeMap<[u8; 32], u64>,
     seq: u64,
-    /// When this node last gossiped its own announcement.
-    announced_at: Option<Instant>,
+    /// When this node last gossiped its own announcement, and its step.
+    announced: Option<(Instant, u32)>,
     applied: u32,
     next_contribution: u32,
     syncing: bool,
@@ -434,9 +434,21 @@ impl Net {
     }
 
     /// A tick of the beat timer: a heartbeat, unless this node announced
-    /// lately (its announcement stood in for it).
+    /// lately and in time (its announcement stood in for it). One that
+    /// the step's manifest left out came late, to the leader at least:
+    /// peers that had applied the step took it as no sign of life (only
+    /// fresh announcements count), and the beat also tells leaders again
+    /// from which step this node contributes.
     fn beat(&mut self) {
-        let since = self.announced_at.map(|t| t.elapsed());
+        self.note_scores();
+        let since = self.announced.and_then(|(at, step)| {
+            let me = self.cfg.me;
+            let left_out = self
+                .machine
+                .manifest(step)
+                .is_some_and(|m| m.entries.iter().all(|e| e.0 != me));
+            (!left_out).then(|| at.elapsed())
+        });
         let n = self.cfg.members.len() as u32;
         if liveness::beat_due(n, self.cfg.timing.alive, since) {
             self.heartbeat();
@@ -446,7 +458,6 @@ impl Net {
     }
 
     fn heartbeat(&mut self) {
-        self.note_scores();
         self.seq = self.seq.max(now_us());
         let (chain_step, chain) = self.machine.history().unwrap_or((0, [0; 32]));
         let hb = Heartbeat {
@@ -636,7 +647,7 @@ impl Net {
             unanswered: std::collections::VecDeque::new(),
             own_payloads: BTreeMap::new(),
             heartbeat_seq: BTreeMap::new(),
-            announced_at: None,
+            announced: None,
             seq: 0,
             applied: 0,
             next_contribution: 0,
@@ -1062,22 +1073,23 @@ impl Net {
         self.may_leave(life.linger)
     }
 
-    /// What this node shows the network of its own announcement. The
-    /// foreign-basis adversary names a made-up state there, while its own
-    /// step machine holds the real one: so it lists itself when it leads,
-    /// and applies the very manifest it publishes. (Adding its entry to the
-    /// manifest after its machine took the manifest made it apply another
-    /// one than the network did, and stall.)
     /// Signs and gossips this node's announcement, with its history (as
     /// its heartbeat would carry it), and notes when: the beats soon after
     /// it are skipped (`liveness::beat_due`).
+    ///
+    /// The foreign-basis adversary names a made-up state there, while its
+    /// own step machine holds the real one: so it lists itself when it
+    /// leads, and applies the very manifest it publishes. (Adding its entry
+    /// to the manifest after its machine took the manifest made it apply
+    /// another one than the network did, and stall.)
     pub(super) fn publish_announce(&mut self, mut announce: msg::Announce) {
         if self.cfg.defence.adversary == Some(Mode::ForeignBasis) {
             announce.basis = crate::adversary::FOREIGN_BASIS;
         }
         (announce.chain_step, announce.chain) = self.machine.history().unwrap_or((0, [0; 32]));
+        let step = announce.step;
         self.publish(msg::sign(&Body::Announce(announce), &self.key));
-        self.announced_at = Some(Instant::now());
+        self.announced = Some((Instant::now(), step));
     }
 
     /// A finished node leaves once every peer is done too, or after
