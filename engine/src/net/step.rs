@@ -456,6 +456,11 @@ impl StepMachine {
     /// stale one, re-gossiped by anyone, must not keep a dead leader looking
     /// alive (that would hold its fall-back back).
     pub fn on_announce(&mut self, now: Duration, a: &Announce) -> Verdict {
+        // Another job's or epoch's: a member's genuine old announcement,
+        // replayed, is none of this epoch's steps (as for manifests).
+        if a.job != self.job || a.epoch != self.epoch {
+            return Verdict::TooFar;
+        }
         if self.next_apply.is_some_and(|s| a.step < s) || self.slashed.contains(&a.member) {
             return Verdict::Stale;
         }
@@ -1885,6 +1890,31 @@ mod tests {
         // A fresh one does.
         assert_eq!(m.on_announce(later, &announce(1, 1)), Verdict::Accepted);
         assert!(m.heard_within(later, 1, alive));
+    }
+
+    #[test]
+    fn another_epoch_s_announcement_is_taken_by_no_one_not_even_a_node_still_syncing() {
+        // A member's genuine announcement from epoch 0, replayed into epoch
+        // 1 at a step number the new epoch also reaches: to a node that
+        // has not caught up yet (no step applied), it looked like the
+        // member's announcement for that step, a sign of life, and a
+        // second one from the member would then read as equivocation.
+        let t = Timing::default();
+        let mut syncing = StepMachine::new([1; 32], 1, [2; 32], 3, 0, t, None);
+        let mut caught_up = StepMachine::new([1; 32], 1, [2; 32], 3, 0, t, Some(0));
+        let old = announce(1, 2);
+        for m in [&mut syncing, &mut caught_up] {
+            assert_eq!(m.on_announce(MS, &old), Verdict::TooFar);
+            assert!(
+                !m.heard_within(MS, 2, t.alive),
+                "an old epoch's message is no sign of life"
+            );
+            let fresh = Announce {
+                epoch: 1,
+                ..announce(1, 2)
+            };
+            assert_eq!(m.on_announce(MS, &fresh), Verdict::Accepted);
+        }
     }
 
     #[test]
