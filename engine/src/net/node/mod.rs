@@ -1092,6 +1092,13 @@ impl Net {
         self.announced = Some((Instant::now(), step));
     }
 
+    /// How long a peer unheard of still counts as alive for leaving and
+    /// for judging a reveal: [`ALIVE_WINDOW`], longer as a large job's
+    /// beats thin out (`liveness::alive_window`).
+    fn heard_window(&self) -> Duration {
+        liveness::alive_window(self.cfg.members.len() as u32, ALIVE_WINDOW)
+    }
+
     /// A finished node leaves once every peer is done too, or after
     /// `linger`; but it stays (up to `AUDIT_PATIENCE`) while a live peer
     /// still trains, up to `AUDIT_PATIENCE + AUDIT_GRACE` while it or a
@@ -1111,7 +1118,7 @@ impl Net {
         // Nor while a live peer is still training or auditing: a slow
         // member must still find peers to fetch from.
         let now_d = self.now();
-        let alive = liveness::alive_window(n as u32, ALIVE_WINDOW);
+        let alive = self.heard_window();
         let slow_peer = (0..n as u32).any(|m| {
             m != self.cfg.me
                 && !self.peers_done.contains(&m)

@@ -99,10 +99,9 @@ impl Net {
         if let Some(r) = self.reveals.remove(&(step, member)) {
             // Silent means: unanswered on an open connection, and still
             // heard and connected now.
-            // The window grows with the job as its beats thin out
-            // (`liveness::alive_window`), as for leaving.
-            let window = liveness::alive_window(self.cfg.members.len() as u32, ALIVE_WINDOW);
-            let heard = self.machine.heard_within(self.now(), member, window);
+            let heard = self
+                .machine
+                .heard_within(self.now(), member, self.heard_window());
             let silent = r.silent > 0 && heard && connected;
             let outcome = given_up(r.refused, silent);
             tracing::debug!(me = self.cfg.me, member, step, ?outcome, "reveal given up");
